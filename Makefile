@@ -1,0 +1,88 @@
+# aistack: `make setup` prepares everything, `make test` runs the tests,
+# both from nothing on a fresh machine. Every step is idempotent and quick
+# when nothing changed.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+UV_VERSION := 0.13.8
+UV := $(or $(shell command -v uv 2>/dev/null),$(HOME)/.local/bin/uv)
+VENV := .venv
+PY := $(VENV)/bin/python
+# Optional dependency groups installed by `make setup` (see pyproject.toml).
+EXTRAS ?= dev ingest
+STAMPS := .setup-stamps
+PROTOS := $(shell find proto -name '*.proto')
+
+.PHONY: help setup system-deps venv proto jars test test-unit test-integration lint bench infra-up infra-down clean
+
+help:
+	@echo "make setup    virtualenv, dependencies, generated code, Kafka's jars, redis-server"
+	@echo "make test     set up, then run every test (unit + integration on a real Kafka and Redis)"
+	@echo "make lint     ruff and mypy"
+	@echo "make bench    benchmarks against their peers (needs: aistack infra up)"
+	@echo "make proto    regenerate shared/contracts from proto/"
+
+setup: system-deps venv proto jars
+
+# Java (Kafka's broker), Maven (fetches its jars once) and redis-server:
+# installed from Debian's packages where we can, else one line says how.
+system-deps:
+	@missing=""; \
+	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	command -v mvn >/dev/null || missing="$$missing maven"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	if [ -n "$$missing" ]; then \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  elif command -v apt-get >/dev/null && command -v sudo >/dev/null; then \
+	    echo "installing$$missing (sudo)"; \
+	    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "missing system packages:$$missing; install them with your package manager" >&2; exit 1; \
+	  fi; \
+	fi
+
+$(UV):
+	$(PYTHON) -m pip install --quiet --user uv==$(UV_VERSION) \
+	  || $(PYTHON) -m pip install --quiet --user --break-system-packages uv==$(UV_VERSION)
+
+venv: | $(UV)
+	@UV_PYTHON_DOWNLOADS=never $(UV) sync --quiet --frozen --python $(PYTHON) $(addprefix --extra ,$(EXTRAS))
+
+proto: $(STAMPS)/proto
+
+$(STAMPS)/proto: $(PROTOS) shared/contracts/codegen.py uv.lock | venv
+	$(PY) -m shared.contracts.codegen
+	@mkdir -p $(STAMPS) && touch $@
+
+jars: | venv
+	@$(VENV)/bin/aistack infra fetch
+
+test: setup
+	$(PY) -m pytest
+
+test-unit: setup
+	$(PY) -m pytest tests/unit
+
+test-integration: setup
+	$(PY) -m pytest tests/integration
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy shared compose
+
+bench: setup
+	$(PY) bench/bus_throughput.py
+
+infra-up: setup
+	$(VENV)/bin/aistack infra up
+
+infra-down:
+	$(VENV)/bin/aistack infra down
+
+clean:
+	rm -rf $(VENV) $(STAMPS) shared/contracts/aistack shared/contracts/inference shared/contracts/*.binpb

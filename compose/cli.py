@@ -1,0 +1,55 @@
+"""The ``aistack`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from shared.errors import AistackError
+from shared.settings import load_settings
+
+
+def _infra(args: argparse.Namespace) -> int:
+    from compose import kafka_dist
+    from compose.local import LocalStack
+    from compose.settings import InfraSettings
+
+    settings = load_settings(InfraSettings)
+    if args.action == "fetch":
+        home = kafka_dist.ensure_kafka_jars(settings.common.cache_dir)
+        print(f"kafka {kafka_dist.KAFKA_VERSION} jars in {home / 'libs'}")
+        return 0
+    stack = LocalStack(settings)
+    if args.action == "up":
+        statuses = stack.up()
+    elif args.action == "down":
+        statuses = stack.down()
+    else:
+        statuses = stack.status()
+    for s in statuses:
+        state = f"running (pid {s.pid})" if s.running else "stopped"
+        print(f"{s.name:<6} {state:<22} {s.address:<28} log: {s.log_file}")
+    if args.action == "status":
+        return 0 if all(s.running for s in statuses) else 3
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="aistack", description="aistack: the event-driven ML platform"
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    infra = commands.add_parser("infra", help="the local Kafka (KRaft) and Redis servers")
+    infra.add_argument("action", choices=["up", "down", "status", "fetch"])
+    infra.set_defaults(run=_infra)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args))
+    except AistackError as exc:
+        print(f"aistack: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

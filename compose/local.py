@@ -1,0 +1,376 @@
+"""The embedded default: a real Kafka broker (KRaft) and a real redis-server
+as local processes, no Docker. Data lives under the state directory.
+
+``up`` is idempotent (a running stack is left alone, stale pid files are
+cleaned) and all-or-nothing (a failure stops what this call started).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from compose import kafka_dist
+from compose.settings import InfraSettings
+from shared.errors import AistackError, ConfigError, Unavailable
+
+
+class PortTaken(AistackError):
+    reason = "port_taken"
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    name: str
+    running: bool
+    pid: int | None
+    address: str
+    log_file: Path
+
+
+@dataclass(frozen=True)
+class _Server:
+    name: str
+    # A word in the process's command line, to tell our process from a
+    # stranger that reused the pid.
+    cmdline_marker: str
+    port: int
+    address: str
+    pid_file: Path
+    log_file: Path
+
+
+class LocalStack:
+    def __init__(self, settings: InfraSettings) -> None:
+        self.settings = settings
+        self.root = settings.common.state_dir / "infra"
+        self.cache_dir = settings.common.cache_dir
+        host = settings.host
+        self.kafka = _Server(
+            "kafka",
+            "kafka.Kafka",
+            settings.kafka_port,
+            f"{host}:{settings.kafka_port}",
+            self.root / "kafka.pid",
+            self.root / "kafka.log",
+        )
+        self.redis = _Server(
+            "redis",
+            "redis-server",
+            settings.redis_port,
+            f"redis://{host}:{settings.redis_port}/0",
+            self.root / "redis.pid",
+            self.root / "redis.log",
+        )
+
+    # ---- public ----
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return self.kafka.address
+
+    @property
+    def redis_url(self) -> str:
+        return self.redis.address
+
+    def up(self) -> list[ServerStatus]:
+        """Start whatever is not running and wait until both answer."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        redis_server = shutil.which("redis-server")
+        if redis_server is None:
+            raise ConfigError(
+                "redis-server not found: run `make setup` or `apt-get install redis-server`"
+            )
+        if shutil.which("java") is None:
+            raise ConfigError(
+                "java not found: Kafka needs a JRE 17, `apt-get install openjdk-17-jre-headless`"
+            )
+        kafka_dist.ensure_kafka_jars(self.cache_dir)
+
+        # Check every port first, so a taken one fails before anything starts.
+        for server in (self.kafka, self.redis):
+            if self._alive_pid(server) is None:
+                self._check_port_free(server)
+        started: list[_Server] = []
+        try:
+            for server, start, ready in (
+                (self.kafka, self._start_kafka, self._kafka_ready),
+                (self.redis, lambda: self._start_redis(redis_server), self._redis_ready),
+            ):
+                if self._alive_pid(server) is not None:
+                    self._wait(server, ready)
+                    continue
+                self._check_port_free(server)
+                start()
+                started.append(server)
+                self._wait(server, ready)
+        except BaseException:
+            for server in reversed(started):
+                self._stop(server)
+            raise
+        return self.status()
+
+    def down(self, timeout: float = 60.0) -> list[ServerStatus]:
+        """Stop both servers cleanly (SIGTERM, then SIGKILL after ``timeout``)."""
+        for server in (self.redis, self.kafka):
+            self._stop(server, timeout)
+        return self.status()
+
+    def status(self) -> list[ServerStatus]:
+        return [
+            ServerStatus(
+                s.name, (pid := self._alive_pid(s)) is not None, pid, s.address, s.log_file
+            )
+            for s in (self.kafka, self.redis)
+        ]
+
+    # ---- Kafka ----
+
+    def _kafka_dir(self) -> Path:
+        return self.root / "kafka"
+
+    def _write_kafka_config(self) -> Path:
+        s = self.settings
+        data = self._kafka_dir() / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        config = self._kafka_dir() / "server.properties"
+        config.write_text(
+            "\n".join(
+                [
+                    "process.roles=broker,controller",
+                    "node.id=1",
+                    f"controller.quorum.voters=1@{s.host}:{s.kafka_controller_port}",
+                    f"listeners=PLAINTEXT://{s.host}:{s.kafka_port},"
+                    f"CONTROLLER://{s.host}:{s.kafka_controller_port}",
+                    f"advertised.listeners=PLAINTEXT://{s.host}:{s.kafka_port}",
+                    "controller.listener.names=CONTROLLER",
+                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    f"log.dirs={data}",
+                    # A single node: internal topics cannot have more replicas,
+                    # or consumer groups and transactions hang.
+                    "offsets.topic.replication.factor=1",
+                    "transaction.state.log.replication.factor=1",
+                    "transaction.state.log.min.isr=1",
+                    "min.insync.replicas=1",
+                    "default.replication.factor=1",
+                    "num.partitions=1",
+                    "group.initial.rebalance.delay.ms=0",
+                    "auto.create.topics.enable=false",
+                    "log.retention.hours=168",
+                    "",
+                ]
+            )
+        )
+        (self._kafka_dir() / "log4j.properties").write_text(
+            "\n".join(
+                [
+                    "log4j.rootLogger=INFO, stdout",
+                    "log4j.appender.stdout=org.apache.log4j.ConsoleAppender",
+                    "log4j.appender.stdout.layout=org.apache.log4j.PatternLayout",
+                    "log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n",
+                    "log4j.logger.kafka=INFO",
+                    "log4j.logger.org.apache.kafka=INFO",
+                    "",
+                ]
+            )
+        )
+        return config
+
+    def _java(self, main: str, *args: str, heap: str = "256m") -> list[str]:
+        return [
+            "java",
+            f"-Xmx{heap}",
+            f"-Xms{heap}" if heap != "256m" else "-Xms64m",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j.configuration=file:{self._kafka_dir() / 'log4j.properties'}",
+            "-cp",
+            kafka_dist.classpath(self.cache_dir),
+            main,
+            *args,
+        ]
+
+    def _start_kafka(self) -> None:
+        config = self._write_kafka_config()
+        if not (self._kafka_dir() / "data" / "meta.properties").exists():
+            cluster_id = _kafka_cluster_id()
+            result = subprocess.run(
+                self._java(
+                    "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)
+                ),
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if result.returncode != 0:
+                raise Unavailable(
+                    f"formatting Kafka storage failed: {result.stderr.strip()[-500:]}"
+                )
+        self._spawn(
+            self.kafka,
+            self._java("kafka.Kafka", str(config), heap=self.settings.kafka_heap),
+        )
+
+    def _kafka_ready(self) -> bool:
+        from confluent_kafka.admin import AdminClient
+
+        if not _port_open(self.settings.host, self.settings.kafka_port):
+            return False
+        try:
+            admin = AdminClient(
+                {"bootstrap.servers": self.kafka.address, "socket.timeout.ms": 2000}
+            )
+            metadata = admin.list_topics(timeout=3)
+            return bool(metadata.brokers)
+        except Exception:
+            return False
+
+    # ---- Redis ----
+
+    def _start_redis(self, redis_server: str) -> None:
+        data = self.root / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        self._spawn(
+            self.redis,
+            [
+                redis_server,
+                "--bind",
+                self.settings.host,
+                "--port",
+                str(self.settings.redis_port),
+                "--dir",
+                str(data),
+                # The tuner's studies live here: survive a restart.
+                "--appendonly",
+                "yes",
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "yes",
+            ],
+        )
+
+    def _redis_ready(self) -> bool:
+        import redis
+
+        try:
+            return bool(redis.Redis.from_url(self.redis.address, socket_timeout=2).ping())
+        except redis.RedisError:
+            return False
+
+    # ---- processes ----
+
+    def _spawn(self, server: _Server, command: list[str]) -> None:
+        with server.log_file.open("ab") as log:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # outlives the CLI; not killed with its terminal
+                cwd=self.root,
+            )
+        server.pid_file.write_text(f"{process.pid}\n")
+
+    def _wait(self, server: _Server, ready: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + self.settings.start_timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return
+            if self._alive_pid(server) is None:
+                raise Unavailable(
+                    f"{server.name} exited during start-up; last lines of {server.log_file}: "
+                    f"{_tail(server.log_file)}"
+                )
+            time.sleep(0.25)
+        raise Unavailable(
+            f"{server.name} did not answer on {server.address} within "
+            f"{self.settings.start_timeout:.0f}s; see {server.log_file}"
+        )
+
+    def _alive_pid(self, server: _Server) -> int | None:
+        """The server's pid if it is running; cleans a stale pid file."""
+        try:
+            pid = int(server.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        if _is_our_process(pid, server.cmdline_marker):
+            return pid
+        server.pid_file.unlink(missing_ok=True)
+        return None
+
+    def _check_port_free(self, server: _Server) -> None:
+        if _port_open(self.settings.host, server.port):
+            raise PortTaken(
+                f"port {server.port} on {self.settings.host} is already taken by another process; "
+                f"stop it or set AISTACK_INFRA_{server.name.upper()}_PORT"
+            )
+        if server is self.kafka and _port_open(
+            self.settings.host, self.settings.kafka_controller_port
+        ):
+            raise PortTaken(
+                f"port {self.settings.kafka_controller_port} on {self.settings.host} is already "
+                "taken; stop it or set AISTACK_INFRA_KAFKA_CONTROLLER_PORT"
+            )
+
+    def _stop(self, server: _Server, timeout: float = 60.0) -> None:
+        pid = self._alive_pid(server)
+        if pid is None:
+            return
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _pid_running(pid):
+            time.sleep(0.2)
+        if _pid_running(pid):
+            os.killpg(pid, signal.SIGKILL)
+            while _pid_running(pid):
+                time.sleep(0.1)
+        server.pid_file.unlink(missing_ok=True)
+
+
+def _kafka_cluster_id() -> str:
+    # Kafka's cluster ids are 16 random bytes in URL-safe base64, unpadded.
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        # A zombie (our own exited child) counts as gone.
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError, ProcessLookupError):
+        return False
+
+
+def _is_our_process(pid: int, marker: str) -> bool:
+    if not _pid_running(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return False
+    return marker in cmdline
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"

@@ -1,0 +1,146 @@
+"""Every topic in DESIGN.md, the message it carries, and idempotent creation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+)
+from google.protobuf.message import Message
+
+from shared.contracts.aistack.v1 import events_pb2, features_pb2, models_pb2, tuning_pb2
+from shared.errors import FailedPrecondition, Unavailable
+from shared.settings import KafkaSettings
+
+EVENTS_RAW = "aistack.events.raw"
+EVENTS_CLEAN = "aistack.events.clean"
+EVENTS_DLQ = "aistack.events.dlq"
+FEATURES_WINDOWS = "aistack.features.windows"
+TUNING_TRIALS = "aistack.tuning.trials"
+TUNING_REPORTS = "aistack.tuning.reports"
+TUNING_CONTROL = "aistack.tuning.control"
+MODELS_READY = "aistack.models.ready"
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    # None for aistack.events.raw: producers outside aistack send JSON, log
+    # lines or protobuf there, so only svc_ingest decides what a record is.
+    message_type: type[Message] | None
+    compacted: bool = False
+    config: Mapping[str, str] = field(default_factory=dict)
+
+    def topic_config(self) -> dict[str, str]:
+        return {"cleanup.policy": "compact" if self.compacted else "delete", **self.config}
+
+
+TOPICS: tuple[TopicSpec, ...] = (
+    TopicSpec(EVENTS_RAW, None),
+    TopicSpec(EVENTS_CLEAN, events_pb2.CleanEvent),
+    TopicSpec(EVENTS_DLQ, events_pb2.DeadLetter),
+    TopicSpec(FEATURES_WINDOWS, features_pb2.FeatureWindow),
+    TopicSpec(TUNING_TRIALS, tuning_pb2.TrialRequested),
+    TopicSpec(TUNING_REPORTS, tuning_pb2.TrialReport),
+    TopicSpec(TUNING_CONTROL, tuning_pb2.TrialControl),
+    # The model registry is the log: keep the latest record per model name.
+    TopicSpec(
+        MODELS_READY,
+        models_pb2.ModelReady,
+        compacted=True,
+        config={"min.cleanable.dirty.ratio": "0.1", "segment.ms": "3600000"},
+    ),
+)
+TOPICS_BY_NAME: Mapping[str, TopicSpec] = {spec.name: spec for spec in TOPICS}
+
+Outcome = Literal["created", "exists", "updated"]
+
+
+def ensure_topics(
+    kafka: KafkaSettings,
+    specs: Iterable[TopicSpec] = TOPICS,
+    *,
+    partitions: int | None = None,
+    replication_factor: int | None = None,
+    timeout: float = 30.0,
+) -> dict[str, Outcome]:
+    """Create missing topics and bring existing ones to the spec; safe to repeat.
+
+    An existing topic with fewer partitions is grown (Kafka cannot shrink one:
+    more partitions than asked are left alone); its cleanup policy and other
+    configured entries are set. Raises Unavailable when the broker does not
+    answer within ``timeout``.
+    """
+    specs = list(specs)
+    partitions = partitions or kafka.topic_partitions
+    replication_factor = replication_factor or kafka.topic_replication_factor
+    admin = AdminClient(kafka.client_config())
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as exc:
+        raise Unavailable(f"Kafka at {kafka.bootstrap} did not answer: {exc}") from exc
+
+    outcome: dict[str, Outcome] = {}
+    to_create = [
+        NewTopic(
+            spec.name,
+            num_partitions=partitions,
+            replication_factor=replication_factor,
+            config=spec.topic_config(),
+        )
+        for spec in specs
+        if spec.name not in existing
+    ]
+    if to_create:
+        for name, future in admin.create_topics(to_create, request_timeout=timeout).items():
+            try:
+                future.result()
+                outcome[name] = "created"
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise FailedPrecondition(f"cannot create topic {name}: {exc}") from exc
+                outcome[name] = "exists"  # another process won the race
+
+    for spec in specs:
+        if spec.name in outcome:
+            continue
+        outcome[spec.name] = _reconcile(admin, spec, existing[spec.name], partitions, timeout)
+    return outcome
+
+
+def _reconcile(
+    admin: AdminClient, spec: TopicSpec, metadata: object, partitions: int, timeout: float
+) -> Outcome:
+    changed = False
+    current_partitions = len(getattr(metadata, "partitions", {}))
+    if current_partitions < partitions:
+        admin.create_partitions([NewPartitions(spec.name, partitions)], request_timeout=timeout)[
+            spec.name
+        ].result()
+        changed = True
+
+    resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
+    current = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
+    wanted = spec.topic_config()
+    different = {k: v for k, v in wanted.items() if k not in current or current[k].value != v}
+    if different:
+        resource = ConfigResource(
+            ConfigResource.Type.TOPIC,
+            spec.name,
+            incremental_configs=[
+                ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                for k, v in different.items()
+            ],
+        )
+        admin.incremental_alter_configs([resource])[resource].result()
+        changed = True
+    return "updated" if changed else "exists"

@@ -1,0 +1,223 @@
+"""Typed settings, read once at start-up from ``AISTACK_…`` variables.
+
+Each service composes one frozen settings object from these parts. This is
+the only module that reads the environment. A bad value stops start-up with
+one line naming the variable (``load_settings``).
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from shared.errors import ConfigError
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
+
+
+def _xdg_dir(variable: str, fallback: str) -> Path:
+    base = os.environ.get(variable) or str(Path.home() / fallback)
+    return Path(base) / "aistack"
+
+
+def default_state_dir() -> Path:
+    """Broker data, checkpoints, artifacts: never inside the checkout."""
+    return _xdg_dir("XDG_STATE_HOME", ".local/state")
+
+
+def default_cache_dir() -> Path:
+    """Downloaded jars and other things that can be fetched again."""
+    return _xdg_dir("XDG_CACHE_HOME", ".cache")
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AISTACK_", frozen=True, extra="ignore")
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "console"] = "json"
+    state_dir: Path = Field(default_factory=default_state_dir)
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+
+class KafkaSettings(BaseSettings):
+    """Every Kafka client (confluent-kafka, aiokafka/Faust, Spark) is built from this."""
+
+    model_config = SettingsConfigDict(env_prefix="AISTACK_KAFKA_", frozen=True, extra="ignore")
+
+    bootstrap: str = "localhost:9092"
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_cafile: Path | None = None
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_key_password: SecretStr | None = None
+    client_id: str = "aistack"
+    # Defaults for topics aistack creates (topic administration).
+    topic_partitions: int = Field(default=3, ge=1, le=10_000)
+    topic_replication_factor: int = Field(default=1, ge=1, le=16)
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        servers = [s.strip() for s in value.split(",") if s.strip()]
+        if not servers:
+            raise ValueError("expected host:port[,host:port...], got an empty value")
+        for server in servers:
+            host, sep, port = server.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError("expected host:port[,host:port...]")
+        return ",".join(servers)
+
+    @field_validator("ssl_cafile", "ssl_certfile", "ssl_keyfile")
+    @classmethod
+    def _file_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"no such file: {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_sasl(self) -> KafkaSettings:
+        if self.security_protocol.startswith("SASL") and self.sasl_mechanism is None:
+            raise ValueError(
+                f"AISTACK_KAFKA_SASL_MECHANISM is required with security protocol "
+                f"{self.security_protocol}"
+            )
+        if self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
+            self.sasl_username and self.sasl_password
+        ):
+            raise ValueError(
+                "AISTACK_KAFKA_SASL_USERNAME and AISTACK_KAFKA_SASL_PASSWORD are required "
+                f"with SASL mechanism {self.sasl_mechanism}"
+            )
+        return self
+
+    def client_config(self) -> dict[str, Any]:
+        """librdkafka settings (confluent-kafka) for connection and security."""
+        config: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap,
+            "client.id": self.client_id,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            config["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            config["sasl.username"] = self.sasl_username
+        if self.sasl_password:
+            config["sasl.password"] = self.sasl_password.get_secret_value()
+        if self.ssl_cafile:
+            config["ssl.ca.location"] = str(self.ssl_cafile)
+        if self.ssl_certfile:
+            config["ssl.certificate.location"] = str(self.ssl_certfile)
+        if self.ssl_keyfile:
+            config["ssl.key.location"] = str(self.ssl_keyfile)
+        if self.ssl_key_password:
+            config["ssl.key.password"] = self.ssl_key_password.get_secret_value()
+        return config
+
+    def aiokafka_config(self) -> dict[str, Any]:
+        """The same connection and security for aiokafka (and so Faust)."""
+        config: dict[str, Any] = {
+            "bootstrap_servers": self.bootstrap,
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+        }
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            context = ssl.create_default_context(
+                cafile=str(self.ssl_cafile) if self.ssl_cafile else None
+            )
+            if self.ssl_certfile:
+                context.load_cert_chain(
+                    str(self.ssl_certfile),
+                    str(self.ssl_keyfile) if self.ssl_keyfile else None,
+                    self.ssl_key_password.get_secret_value() if self.ssl_key_password else None,
+                )
+            config["ssl_context"] = context
+        if self.sasl_mechanism:
+            config["sasl_mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            config["sasl_plain_username"] = self.sasl_username
+        if self.sasl_password:
+            config["sasl_plain_password"] = self.sasl_password.get_secret_value()
+        return config
+
+
+class RedisSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AISTACK_REDIS_", frozen=True, extra="ignore")
+
+    # rediss:// turns TLS on.
+    url: str = "redis://localhost:6379/0"
+    password: SecretStr | None = None
+    ssl_ca_certs: Path | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {value!r}")
+        return value
+
+
+class ServiceSettings(BaseSettings):
+    """Base of every service's settings: the common parts, then its own fields.
+
+    A service subclasses it with its own ``env_prefix`` (``AISTACK_TUNER_``…)
+    and ``frozen=True``; the shared parts keep their shared variable names.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="AISTACK_", frozen=True, extra="ignore")
+
+    common: CommonSettings = Field(default_factory=CommonSettings)
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    redis: RedisSettings = Field(default_factory=RedisSettings)
+
+
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+
+
+def _env_name(model_name: str, field: str, root: type[BaseSettings]) -> str:
+    candidates: list[type[BaseSettings]] = [root]
+    candidates += [c for c in _all_subclasses(BaseSettings) if c.__name__ == model_name]
+    for cls in candidates:
+        if cls.__name__ == model_name and field in cls.model_fields:
+            return f"{cls.model_config.get('env_prefix', '')}{field}".upper()
+    return f"{root.model_config.get('env_prefix', '')}{field}".upper()
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out: list[type] = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def load_settings(cls: type[SettingsT]) -> SettingsT:
+    """Build ``cls`` from the environment; raise ConfigError naming the variable."""
+    try:
+        return cls()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        loc = [str(part) for part in error["loc"]]
+        field = loc[0] if loc else ""
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if not field:  # a model-level check: its message names the variables
+            raise ConfigError(f"bad setting: {message}") from exc
+        name = _env_name(exc.title, field, cls)
+        got = error.get("input")
+        shown = "" if isinstance(got, dict) or "password" in field else f" (got {got!r})"
+        raise ConfigError(f"bad setting {name}: {message}{shown}") from exc
+    except SettingsError as exc:
+        raise ConfigError(f"bad setting: {exc}") from exc

@@ -1,0 +1,103 @@
+"""Where the integration tests' Kafka and Redis come from.
+
+In order: servers named by AISTACK_KAFKA_BOOTSTRAP / AISTACK_REDIS_URL;
+else testcontainers when a Docker engine answers; else the local launcher
+(the embedded default), on free ports with a throw-away state directory.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from compose.local import LocalStack
+from compose.settings import InfraSettings
+from shared.settings import CommonSettings, KafkaSettings, RedisSettings
+
+KAFKA_IMAGE = "confluentinc/cp-kafka:7.9.1"  # Apache Kafka 3.9, as the local launcher
+REDIS_IMAGE = "redis:7.4"
+
+
+@dataclass(frozen=True)
+class Infra:
+    kind: str  # "external", "testcontainers" or "local"
+    kafka: KafkaSettings
+    redis: RedisSettings
+    # The launcher that started them, when kind is "local".
+    local_stack: LocalStack | None = None
+
+
+def docker_available() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def provide_infra(state_dir: Path) -> Iterator[Infra]:
+    if os.environ.get("AISTACK_KAFKA_BOOTSTRAP") and os.environ.get("AISTACK_REDIS_URL"):
+        yield Infra("external", KafkaSettings(), RedisSettings())
+    elif docker_available():
+        with _containers() as infra:
+            yield infra
+    else:
+        with _local(state_dir) as infra:
+            yield infra
+
+
+@contextmanager
+def _containers() -> Iterator[Infra]:
+    from testcontainers.community.kafka import KafkaContainer
+    from testcontainers.community.redis import RedisContainer
+
+    with ExitStack() as stack:
+        kafka = (
+            KafkaContainer(KAFKA_IMAGE)
+            .with_kraft()
+            .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
+            .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
+        )
+        stack.enter_context(kafka)
+        redis = stack.enter_context(RedisContainer(REDIS_IMAGE))
+        redis_url = f"redis://{redis.get_container_host_ip()}:{redis.get_exposed_port(6379)}/0"
+        yield Infra(
+            "testcontainers",
+            KafkaSettings(bootstrap=kafka.get_bootstrap_server()),
+            RedisSettings(url=redis_url),
+        )
+
+
+@contextmanager
+def _local(state_dir: Path) -> Iterator[Infra]:
+    settings = InfraSettings(
+        kafka_port=free_port(),
+        kafka_controller_port=free_port(),
+        redis_port=free_port(),
+        common=CommonSettings(state_dir=state_dir),
+    )
+    stack = LocalStack(settings)
+    stack.up()
+    try:
+        yield Infra(
+            "local",
+            KafkaSettings(bootstrap=stack.kafka_bootstrap),
+            RedisSettings(url=stack.redis_url),
+            local_stack=stack,
+        )
+    finally:
+        stack.down()

@@ -1,0 +1,184 @@
+"""The shared gRPC server and client against each other over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from shared.errors import InvalidArgument
+from shared.rpc.client import open_channel
+from shared.rpc.errors import REASON_METADATA_KEY
+from shared.rpc.server import ServerOptions, start_server
+
+ECHO = "/aistack.test.Echo/Say"
+
+
+class BadTensor(InvalidArgument):
+    reason = "bad_tensor"
+
+
+async def _say(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    if request == b"bad":
+        raise BadTensor("expected FP32, got INT8")
+    if request == b"bug":
+        raise KeyError("a bug")
+    return b"echo:" + request
+
+
+def _register(server: grpc.aio.Server) -> None:
+    handler = grpc.method_handlers_generic_handler(
+        "aistack.test.Echo", {"Say": grpc.unary_unary_rpc_method_handler(_say)}
+    )
+    server.add_generic_rpc_handlers((handler,))
+
+
+def run(options: ServerOptions, client: Callable[[str], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        server = await start_server(options, _register, ["aistack.test.Echo"])
+        try:
+            return await client(f"localhost:{server.port}")
+        finally:
+            await server.stop(0)
+
+    return asyncio.run(main())
+
+
+async def _call(channel: grpc.aio.Channel, payload: bytes) -> bytes:
+    say = channel.unary_unary(ECHO)
+    return bytes(await say(payload, timeout=10))
+
+
+def test_health_reports_serving() -> None:
+    async def client(target: str) -> list[int]:
+        async with open_channel(target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            overall = await stub.Check(health_pb2.HealthCheckRequest(service=""))
+            echo = await stub.Check(health_pb2.HealthCheckRequest(service="aistack.test.Echo"))
+            return [overall.status, echo.status]
+
+    serving = health_pb2.HealthCheckResponse.SERVING
+    assert run(ServerOptions(address="127.0.0.1:0"), client) == [serving, serving]
+
+
+def test_call_without_token_is_refused_and_with_it_passes() -> None:
+    async def client(target: str) -> tuple[grpc.StatusCode, bytes, grpc.StatusCode, int]:
+        async with open_channel(target) as anonymous:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await _call(anonymous, b"hi")
+            # Probes carry no token: health stays open.
+            health = await health_pb2_grpc.HealthStub(anonymous).Check(
+                health_pb2.HealthCheckRequest()
+            )
+        async with open_channel(target, token="wrong") as wrong:
+            with pytest.raises(grpc.aio.AioRpcError) as wrong_token:
+                await _call(wrong, b"hi")
+        async with open_channel(target, token="s3cret") as authorised:
+            answer = await _call(authorised, b"hi")
+        return refused.value.code(), answer, wrong_token.value.code(), health.status
+
+    code, answer, wrong_code, health = run(
+        ServerOptions(address="127.0.0.1:0", auth_token="s3cret"), client
+    )
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert wrong_code == grpc.StatusCode.UNAUTHENTICATED
+    assert answer == b"echo:hi"
+    assert health == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_domain_errors_map_to_status_codes_with_a_reason() -> None:
+    async def client(target: str) -> list[tuple[grpc.StatusCode, str, str]]:
+        out = []
+        async with open_channel(target) as channel:
+            for payload in (b"bad", b"bug"):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await _call(channel, payload)
+                error = caught.value
+                trailing = dict(error.trailing_metadata() or ())
+                out.append((error.code(), error.details(), trailing.get(REASON_METADATA_KEY)))
+        return out
+
+    bad, bug = run(ServerOptions(address="127.0.0.1:0"), client)
+    assert bad == (grpc.StatusCode.INVALID_ARGUMENT, "expected FP32, got INT8", "bad_tensor")
+    assert bug == (grpc.StatusCode.INTERNAL, "internal error", "internal")
+
+
+def _make_certificates(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for localhost, signed by it."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "aistack test CA")])
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_file, cert_file, key_file = (
+        directory / "ca.pem",
+        directory / "server.pem",
+        directory / "server.key",
+    )
+    ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return ca_file, cert_file, key_file
+
+
+def test_tls_with_a_generated_certificate(tmp_path: Path) -> None:
+    ca_file, cert_file, key_file = _make_certificates(tmp_path)
+
+    async def client(target: str) -> tuple[bytes, grpc.StatusCode]:
+        async with open_channel(target, tls_ca_file=ca_file, token="t0ken") as channel:
+            answer = await _call(channel, b"over tls")
+        # A plaintext client cannot talk to the TLS port.
+        async with open_channel(target, token="t0ken") as plaintext:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await _call(plaintext, b"hi")
+        return answer, caught.value.code()
+
+    options = ServerOptions(
+        address="127.0.0.1:0", tls_cert_file=cert_file, tls_key_file=key_file, auth_token="t0ken"
+    )
+    answer, plaintext_code = run(options, client)
+    assert answer == b"echo:over tls"
+    assert plaintext_code == grpc.StatusCode.UNAVAILABLE

@@ -1,0 +1,97 @@
+"""The embedded default's launcher: idempotent up, stale pid files, taken ports."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compose.local import LocalStack, PortTaken
+from compose.settings import InfraSettings
+from shared.settings import CommonSettings
+from tests.infra import Infra, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def stack_in(state_dir: Path, **ports: int) -> LocalStack:
+    settings = InfraSettings(
+        kafka_port=ports.get("kafka_port", free_port()),
+        kafka_controller_port=ports.get("kafka_controller_port", free_port()),
+        redis_port=ports.get("redis_port", free_port()),
+        common=CommonSettings(state_dir=state_dir),
+    )
+    return LocalStack(settings)
+
+
+def test_up_twice_is_harmless(infra: Infra) -> None:
+    if infra.local_stack is None:
+        pytest.skip("the session's servers were not started by the local launcher")
+    stack = infra.local_stack
+    before = stack.status()
+    after = stack.up()
+    assert [s.pid for s in after] == [s.pid for s in before]
+    assert all(s.running for s in after)
+
+
+def test_stale_pid_file_is_cleaned(tmp_path: Path) -> None:
+    stack = stack_in(tmp_path)
+    stack.root.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stack.kafka.pid_file.write_text(f"{dead.pid}\n")
+    stack.redis.pid_file.write_text("not a pid\n")
+    assert [s.running for s in stack.status()] == [False, False]
+    assert not stack.kafka.pid_file.exists()
+
+
+def test_taken_port_fails_before_starting_anything(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        stack = stack_in(tmp_path, redis_port=port)
+        with pytest.raises(PortTaken, match=f"port {port}.*AISTACK_INFRA_REDIS_PORT"):
+            stack.up()
+    assert [s.running for s in stack.status()] == [False, False]
+
+
+def test_cli_reports_a_taken_port_and_exits_non_zero(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "compose.cli", "infra", "up"],
+            env={
+                "PATH": "/usr/bin:/bin:/usr/local/bin",
+                "HOME": str(Path.home()),
+                "AISTACK_STATE_DIR": str(tmp_path),
+                "AISTACK_INFRA_KAFKA_PORT": str(port),
+                "AISTACK_INFRA_KAFKA_CONTROLLER_PORT": str(free_port()),
+                "AISTACK_INFRA_REDIS_PORT": str(free_port()),
+            },
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    assert result.returncode == 1
+    assert f"port {port}" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cli_names_a_bad_setting(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "compose.cli", "infra", "status"],
+        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "AISTACK_INFRA_REDIS_PORT": "http"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert (
+        result.stderr.strip().splitlines() == [result.stderr.strip()]
+        and "AISTACK_INFRA_REDIS_PORT" in result.stderr
+    )

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from shared.bus import envelope
+from shared.bus.codec import decode, type_name
+from shared.bus.deadletter import dead_letter_headers, from_undecodable
+from shared.contracts.aistack.v1 import events_pb2, tuning_pb2
+from shared.errors import UndecodableRecord
+
+TRACEPARENT = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-01$")
+
+
+def test_headers_carry_the_envelope() -> None:
+    template = envelope.HeaderTemplate(type_name(events_pb2.CleanEvent), "svc_ingest")
+    headers = template.build("ev-1", "00-" + "a" * 32 + "-" + "b" * 16 + "-01")
+    parsed = envelope.parse_headers(headers)
+    assert parsed == envelope.Envelope(
+        content_type="application/x-protobuf",
+        message_type="aistack.v1.CleanEvent",
+        event_id="ev-1",
+        source="svc_ingest",
+        traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+    )
+    assert ("ce_specversion", b"1.0") in headers
+
+
+def test_traceparents_are_w3c() -> None:
+    parent = envelope.new_traceparent()
+    child = envelope.child_traceparent(parent)
+    assert TRACEPARENT.match(parent) and TRACEPARENT.match(child)
+    assert child.split("-")[1] == parent.split("-")[1]
+    assert child.split("-")[2] != parent.split("-")[2]
+    assert TRACEPARENT.match(envelope.child_traceparent("garbage"))
+
+
+def _decode(value: bytes | None, headers: list[tuple[str, bytes]]) -> events_pb2.CleanEvent:
+    return decode(
+        events_pb2.CleanEvent, value, headers, topic="t", partition=2, offset=41, key=b"k"
+    )
+
+
+def test_decode_returns_the_message() -> None:
+    event = events_pb2.CleanEvent(event_id="e", entity_id="dev-1")
+    headers = envelope.HeaderTemplate(type_name(events_pb2.CleanEvent), "x").build("e", "tp")
+    assert _decode(event.SerializeToString(), headers) == event
+
+
+@pytest.mark.parametrize(
+    ("value", "headers", "reason"),
+    [
+        (b"\xff\xff\xff", [], "invalid_protobuf"),
+        (None, [], "no_value"),
+        (b"", [("ce_type", b"aistack.v1.TrialReport")], "wrong_message_type"),
+        (b"{}", [("content-type", b"application/json")], "wrong_content_type"),
+    ],
+)
+def test_undecodable_record_is_one_typed_error_with_its_position(
+    value: bytes | None, headers: list[tuple[str, bytes]], reason: str
+) -> None:
+    with pytest.raises(UndecodableRecord) as caught:
+        _decode(value, headers)
+    error = caught.value
+    assert (error.topic, error.partition, error.offset, error.reason) == ("t", 2, 41, reason)
+    assert error.value == value and error.headers == headers and error.key == b"k"
+    assert "t[2]@41" in str(error)
+
+
+def test_dead_letter_keeps_original_bytes_headers_and_position() -> None:
+    with pytest.raises(UndecodableRecord) as caught:
+        _decode(b"\xff\x01", [("ce_id", b"x1")])
+    letter = from_undecodable(caught.value, service="svc_test")
+    assert letter.original_value == b"\xff\x01"
+    assert letter.original_key == b"k"
+    assert [(h.key, h.value) for h in letter.original_headers] == [("ce_id", b"x1")]
+    assert (letter.source.topic, letter.source.partition, letter.source.offset) == ("t", 2, 41)
+    assert letter.reason == "invalid_protobuf" and letter.service == "svc_test"
+    assert dead_letter_headers(letter) == [("error", b"invalid_protobuf"), ("source", b"t/2/41")]
+
+
+def test_unknown_fields_from_a_newer_producer_are_accepted() -> None:
+    newer = tuning_pb2.TrialControl(trial_id="t").SerializeToString() + b"\xa0\x06\x01"  # field 100
+    parsed = decode(tuning_pb2.TrialControl, newer, [], topic="c", partition=0, offset=0)
+    assert parsed.trial_id == "t"
+
+
+def test_fresh_headers_have_a_new_event_id_and_trace() -> None:
+    template = envelope.HeaderTemplate("aistack.v1.TrialReport", "svc_trainer")
+    first_id, first = template.build_fresh()
+    second_id, _ = template.build_fresh()
+    parsed = envelope.parse_headers(first)
+    assert parsed.event_id == first_id and len(first_id) == 32 and first_id != second_id
+    assert TRACEPARENT.match(parsed.traceparent)
+    assert parsed.message_type == "aistack.v1.TrialReport" and parsed.source == "svc_trainer"
