@@ -182,3 +182,18 @@ def test_tls_with_a_generated_certificate(tmp_path: Path) -> None:
     answer, plaintext_code = run(options, client)
     assert answer == b"echo:over tls"
     assert plaintext_code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_reflection_lists_the_services() -> None:
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    async def client(target: str) -> set[str]:
+        async with open_channel(target) as channel:
+            stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            async for response in stub.ServerReflectionInfo(iter([request])):
+                return {s.name for s in response.list_services_response.service}
+        return set()
+
+    names = run(ServerOptions(address="127.0.0.1:0"), client)
+    assert {"aistack.test.Echo", "grpc.health.v1.Health"} <= names
