@@ -185,11 +185,13 @@ class LocalStack:
         )
         return config
 
-    def _java(self, main: str, *args: str, heap: str = "256m") -> list[str]:
+    def _java(
+        self, main: str, *args: str, heap: str = "256m", initial_heap: str = "64m"
+    ) -> list[str]:
         return [
             "java",
             f"-Xmx{heap}",
-            f"-Xms{heap}" if heap != "256m" else "-Xms64m",
+            f"-Xms{initial_heap}",
             "-XX:+UseG1GC",
             "-Djava.awt.headless=true",
             f"-Dlog4j.configuration=file:{self._kafka_dir() / 'log4j.properties'}",
@@ -217,7 +219,12 @@ class LocalStack:
                 )
         self._spawn(
             self.kafka,
-            self._java("kafka.Kafka", str(config), heap=self.settings.kafka_heap),
+            self._java(
+                "kafka.Kafka",
+                str(config),
+                heap=self.settings.kafka_heap,
+                initial_heap=self.settings.kafka_heap,
+            ),
         )
 
     def _kafka_ready(self) -> bool:

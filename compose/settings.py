@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.settings import ServiceSettings
+from shared.settings import CommonSettings
 
 
-class InfraSettings(ServiceSettings):
+class InfraSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AISTACK_INFRA_", frozen=True, extra="ignore")
 
     host: str = "127.0.0.1"
@@ -17,3 +17,5 @@ class InfraSettings(ServiceSettings):
     redis_port: int = Field(default=6379, ge=1, le=65535)
     kafka_heap: str = Field(default="512m", pattern=r"^\d+[mMgG]$")
     start_timeout: float = Field(default=120.0, gt=0)
+
+    common: CommonSettings = Field(default_factory=CommonSettings)

@@ -42,10 +42,18 @@ def docker_available() -> bool:
         return False
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: all are held until all are chosen, so the
+    kernel cannot hand the same one out twice."""
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
 
 
 @contextmanager
@@ -84,10 +92,11 @@ def _containers() -> Iterator[Infra]:
 
 @contextmanager
 def _local(state_dir: Path) -> Iterator[Infra]:
+    kafka_port, controller_port, redis_port = free_ports(3)
     settings = InfraSettings(
-        kafka_port=free_port(),
-        kafka_controller_port=free_port(),
-        redis_port=free_port(),
+        kafka_port=kafka_port,
+        kafka_controller_port=controller_port,
+        redis_port=redis_port,
         common=CommonSettings(state_dir=state_dir),
     )
     stack = LocalStack(settings)

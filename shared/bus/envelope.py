@@ -70,10 +70,7 @@ class HeaderTemplate:
         """Headers with a new event id and a new trace; returns (event id, headers)."""
         ids = os.urandom(40).hex()  # one syscall for event id, trace id and span id
         event_id = ids[:32]
-        headers = self._constant.copy()
-        headers.append((ID, event_id.encode()))
-        headers.append((TRACEPARENT, f"00-{ids[32:64]}-{ids[64:]}-01".encode()))
-        return event_id, headers
+        return event_id, self.build(event_id, f"00-{ids[32:64]}-{ids[64:]}-01")
 
     def build(self, event_id: str, traceparent: str) -> Headers:
         headers = self._constant.copy()

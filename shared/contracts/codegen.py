@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import filecmp
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -125,17 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         return 0
     for pkg in GENERATED_PACKAGES:
-        _clear(CONTRACTS_DIR / pkg)
+        shutil.rmtree(CONTRACTS_DIR / pkg, ignore_errors=True)
     generate(CONTRACTS_DIR)
     return 0
-
-
-def _clear(path: Path) -> None:
-    if not path.exists():
-        return
-    for child in sorted(path.rglob("*"), reverse=True):
-        child.unlink() if not child.is_dir() else child.rmdir()
-    path.rmdir()
 
 
 if __name__ == "__main__":

@@ -12,16 +12,17 @@ import pytest
 from compose.local import LocalStack, PortTaken
 from compose.settings import InfraSettings
 from shared.settings import CommonSettings
-from tests.infra import Infra, free_port
+from tests.infra import Infra, free_ports
 
 pytestmark = pytest.mark.integration
 
 
 def stack_in(state_dir: Path, **ports: int) -> LocalStack:
+    kafka_port, controller_port, redis_port = free_ports(3)
     settings = InfraSettings(
-        kafka_port=ports.get("kafka_port", free_port()),
-        kafka_controller_port=ports.get("kafka_controller_port", free_port()),
-        redis_port=ports.get("redis_port", free_port()),
+        kafka_port=ports.get("kafka_port", kafka_port),
+        kafka_controller_port=ports.get("kafka_controller_port", controller_port),
+        redis_port=ports.get("redis_port", redis_port),
         common=CommonSettings(state_dir=state_dir),
     )
     return LocalStack(settings)
@@ -64,6 +65,7 @@ def test_cli_reports_a_taken_port_and_exits_non_zero(tmp_path: Path) -> None:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
+        controller_port, redis_port = free_ports(2)
         result = subprocess.run(
             [sys.executable, "-m", "compose.cli", "infra", "up"],
             env={
@@ -71,8 +73,8 @@ def test_cli_reports_a_taken_port_and_exits_non_zero(tmp_path: Path) -> None:
                 "HOME": str(Path.home()),
                 "AISTACK_STATE_DIR": str(tmp_path),
                 "AISTACK_INFRA_KAFKA_PORT": str(port),
-                "AISTACK_INFRA_KAFKA_CONTROLLER_PORT": str(free_port()),
-                "AISTACK_INFRA_REDIS_PORT": str(free_port()),
+                "AISTACK_INFRA_KAFKA_CONTROLLER_PORT": str(controller_port),
+                "AISTACK_INFRA_REDIS_PORT": str(redis_port),
             },
             capture_output=True,
             text=True,
