@@ -73,10 +73,11 @@ test-integration: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy shared compose
+	$(VENV)/bin/mypy shared compose loadgen svc_ingest
 
 bench: setup
 	$(PY) bench/bus_throughput.py
+	$(PY) bench/ingest_throughput.py
 
 infra-up: setup
 	$(VENV)/bin/aistack infra up

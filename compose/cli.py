@@ -35,6 +35,12 @@ def _infra(args: argparse.Namespace) -> int:
     return 0
 
 
+def _produce(args: argparse.Namespace) -> int:
+    from loadgen.publish import run
+
+    return run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="aistack", description="aistack: the event-driven ML platform"
@@ -43,6 +49,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     infra = commands.add_parser("infra", help="the local Kafka (KRaft) and Redis servers")
     infra.add_argument("action", choices=["up", "down", "status", "fetch"])
     infra.set_defaults(run=_infra)
+    # Values are strings here and checked by loadgen, so a bad one is one line.
+    produce = commands.add_parser(
+        "produce", help="publish synthetic raw events (good, bad, duplicate) to Kafka"
+    )
+    produce.add_argument("kind", metavar="{sensors,weblogs}")
+    produce.add_argument("--rate", help="events per second; 0 = as fast as possible")
+    produce.add_argument("--count", help="how many records in all")
+    produce.add_argument("--bad-fraction", default="0", help="share of malformed records")
+    produce.add_argument(
+        "--duplicate-fraction", default="0", help="share of exact re-sends of good records"
+    )
+    produce.add_argument(
+        "--format", default="mixed", metavar="{json,protobuf,log,mixed}", help="payload format"
+    )
+    produce.add_argument("--seed", help="random seed (default: random, printed at the end)")
+    produce.add_argument("--topic", help="target topic (default: aistack.events.raw)")
+    produce.set_defaults(run=_produce)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))

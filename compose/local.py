@@ -348,7 +348,12 @@ def _kafka_cluster_id() -> str:
     # Kafka's cluster ids are 16 random bytes in URL-safe base64, unpadded.
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # As Kafka's own Uuid.randomUuid: an id starting with "-" would be read
+    # as an option by kafka-storage (that failed 1 start in 64).
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not found.startswith("-"):
+            return found
 
 
 def _port_open(host: str, port: int) -> bool:

@@ -41,7 +41,12 @@ def configure_logging(service: str, level: str = "INFO", fmt: str = "json") -> N
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared_processors,
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            # Tracebacks of stdlib records (Faust's crashes) as text, not a repr.
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
         )
     )
     root = logging.getLogger()

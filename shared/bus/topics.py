@@ -18,7 +18,7 @@ from confluent_kafka.admin import (
 from google.protobuf.message import Message
 
 from shared.contracts.aistack.v1 import events_pb2, features_pb2, models_pb2, tuning_pb2
-from shared.errors import FailedPrecondition, Unavailable
+from shared.errors import FailedPrecondition, NotFound, Unavailable
 from shared.settings import KafkaSettings
 
 EVENTS_RAW = "aistack.events.raw"
@@ -29,6 +29,12 @@ TUNING_TRIALS = "aistack.tuning.trials"
 TUNING_REPORTS = "aistack.tuning.reports"
 TUNING_CONTROL = "aistack.tuning.control"
 MODELS_READY = "aistack.models.ready"
+
+# Raw records over svc_ingest's payload limit must still reach it, to become
+# dead letters with a reason rather than producer errors nobody sees; their
+# dead letters carry the original bytes, so the dead-letter topic takes them too.
+RAW_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+_LARGE = {"max.message.bytes": str(RAW_MAX_MESSAGE_BYTES)}
 
 
 @dataclass(frozen=True)
@@ -45,9 +51,9 @@ class TopicSpec:
 
 
 TOPICS: tuple[TopicSpec, ...] = (
-    TopicSpec(EVENTS_RAW, None),
+    TopicSpec(EVENTS_RAW, None, config=_LARGE),
     TopicSpec(EVENTS_CLEAN, events_pb2.CleanEvent),
-    TopicSpec(EVENTS_DLQ, events_pb2.DeadLetter),
+    TopicSpec(EVENTS_DLQ, events_pb2.DeadLetter, config=_LARGE),
     TopicSpec(FEATURES_WINDOWS, features_pb2.FeatureWindow),
     TopicSpec(TUNING_TRIALS, tuning_pb2.TrialRequested),
     TopicSpec(TUNING_REPORTS, tuning_pb2.TrialReport),
@@ -115,6 +121,18 @@ def ensure_topics(
             continue
         outcome[spec.name] = _reconcile(admin, spec, existing[spec.name], partitions, timeout)
     return outcome
+
+
+def partition_count(kafka: KafkaSettings, topic: str, *, timeout: float = 30.0) -> int:
+    """How many partitions ``topic`` has; raises NotFound if it does not exist."""
+    admin = AdminClient(kafka.client_config())
+    try:
+        found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    except KafkaException as exc:
+        raise Unavailable(f"Kafka at {kafka.bootstrap} did not answer: {exc}") from exc
+    if found is None or found.error is not None or not found.partitions:
+        raise NotFound(f"topic {topic} does not exist")
+    return len(found.partitions)
 
 
 def _reconcile(

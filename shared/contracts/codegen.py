@@ -44,6 +44,8 @@ def _rewrite_imports(root: Path) -> None:
     # generated packages live under shared.contracts, so make them resolvable
     # without putting shared/contracts on sys.path.
     for path in root.rglob("*.py*"):
+        if path.suffix not in (".py", ".pyi"):  # not __pycache__'s .pyc
+            continue
         text = path.read_text()
         new = _AISTACK_IMPORT.sub("from shared.contracts.aistack.v1 import ", text)
         new = _INFERENCE_IMPORT.sub(

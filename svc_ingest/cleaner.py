@@ -1,0 +1,424 @@
+"""The cleaning of one raw record: parse, validate, normalise.
+
+``Cleaner.clean`` either returns a CleanEvent (event id, entity, UTC event
+time, canonical units, attributes) or raises Rejected with a reason code.
+It never raises anything else on any input: a property test holds it to that.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from shared.contracts.aistack.v1 import events_pb2
+from svc_ingest import accesslog, fields, payload, units
+from svc_ingest.rejection import Rejected
+from svc_ingest.rules import CleaningRules
+from svc_ingest.timestamps import parse_time
+
+_EVENT_ID = ("event_id", "eventId", "id")
+_TIME = (
+    "timestamp",
+    "ts",
+    "time",
+    "event_time",
+    "eventTime",
+    "@timestamp",
+    "time_iso8601",
+    "time_local",
+)
+_DEVICE = ("device_id", "deviceId", "device")
+_HOST = ("host", "server", "server_name", "vhost", "hostname")
+_CLIENT = ("client_address", "remote_addr", "client_ip", "client", "ip")
+_PATH = ("path", "uri", "request_uri", "url")
+_BYTES = ("response_bytes", "bytes", "body_bytes_sent", "bytes_sent", "size")
+_AGENT = ("user_agent", "http_user_agent", "agent", "ua")
+_REFERER = ("referer", "http_referer", "referrer")
+_KIND = ("type", "kind")
+
+_SENSOR_KINDS = frozenset({"sensor", "sensor_reading", "reading"})
+_WEB_KINDS = frozenset({"web", "web_request", "access_log", "request"})
+
+_SENSOR_KEYS = frozenset((*_EVENT_ID, *_TIME, *_DEVICE, *_KIND, "metrics", "attributes"))
+_WEB_KEYS = frozenset(
+    (
+        *_EVENT_ID,
+        *_TIME,
+        *_HOST,
+        *_CLIENT,
+        *_PATH,
+        *_BYTES,
+        *_AGENT,
+        *_REFERER,
+        *_KIND,
+        "attributes",
+        "method",
+        "protocol",
+        "request",
+        "status",
+        "latency_ms",
+        "request_time",
+    )
+)
+
+_METRIC_NAME = re.compile(r"[a-z][a-z0-9_.]{0,63}")
+_METHOD = re.compile(r"[A-Z][A-Z_-]{1,19}")
+_PROTOCOL = re.compile(r"HTTP/\d(?:\.\d)?")
+_HOSTNAME = re.compile(r"[a-z0-9_]([a-z0-9_.-]{0,252})?")
+_MAX_PATH = 8192
+_MAX_LATENCY_MS = 86_400_000.0
+_UNKNOWN_HOST = "unknown"
+_MAX_SPECS = 4096
+
+# metric, its unit (None: dimensionless), canonical unit, range
+_Spec = tuple[str, units.Unit | None, str, tuple[float, float] | None]
+
+
+def content_hash(value: bytes) -> str:
+    """The event id of a record whose producer gave none: retries of the same bytes agree."""
+    return "h-" + hashlib.blake2b(value, digest_size=16).hexdigest()
+
+
+class Cleaner:
+    """Turns raw records into CleanEvents under one set of rules."""
+
+    def __init__(self, rules: CleaningRules) -> None:
+        self._rules = rules
+        self._ranges = rules.metric_ranges
+        self._specs: dict[tuple[Any, Any], _Spec] = {}
+
+    def clean(
+        self, value: bytes | None, key: bytes | None, content_type: str, now_us: int
+    ) -> events_pb2.CleanEvent:
+        """The CleanEvent of one raw record (``source`` and ``ingest_time`` unset).
+
+        Raises Rejected, and nothing else, for any bytes and headers.
+        """
+        found = payload.decode(value, content_type, self._rules)
+        assert value is not None  # decode rejects a missing value
+        try:
+            if isinstance(found, dict):
+                event = self._from_json(found, key)
+            elif isinstance(found, str):
+                event = self._from_log_line(found, key)
+            else:
+                event = self._from_protobuf(found, key)
+        except UnicodeEncodeError:
+            # JSON escapes can spell lone surrogates, which no UTF-8 string holds.
+            raise Rejected("invalid_utf8", "a string holds a lone surrogate escape") from None
+        if not event.event_id:
+            event.event_id = content_hash(value)
+        self._check_time(event, now_us)
+        return event
+
+    # JSON -------------------------------------------------------------------
+
+    def _from_json(self, doc: dict[str, Any], key: bytes | None) -> events_pb2.CleanEvent:
+        kind = self._json_kind(doc)
+        event = events_pb2.CleanEvent()
+        _, event_id = fields.first(doc, _EVENT_ID)
+        if event_id is not None:
+            event.event_id = fields.identifier(event_id, "event_id", self._rules.max_id_length)
+        _, when = fields.first(doc, _TIME)
+        if when is None:
+            raise Rejected("missing_field", "event has no timestamp")
+        _set_time(event.event_time, parse_time(when))
+        attributes = doc.get("attributes")
+        if attributes is not None:
+            if not isinstance(attributes, dict):
+                raise Rejected("invalid_type", "attributes must be an object")
+            for name, item in attributes.items():
+                event.attributes[name] = fields.attribute_value(item)
+        if kind == "sensor":
+            self._sensor_json(doc, event)
+            known = _SENSOR_KEYS
+        else:
+            self._web_json(doc, event, key)
+            known = _WEB_KEYS
+        # Fields we do not know are kept, not rejected: a newer device may add them.
+        for name, item in doc.items():
+            if name not in known:
+                event.attributes[name] = fields.attribute_value(item)
+        return event
+
+    @staticmethod
+    def _json_kind(doc: Mapping[str, Any]) -> str:
+        _, declared = fields.first(doc, _KIND)
+        if isinstance(declared, str):
+            if declared.strip().lower() in _SENSOR_KINDS:
+                return "sensor"
+            if declared.strip().lower() in _WEB_KINDS:
+                return "web"
+        if "metrics" in doc or any(name in doc for name in _DEVICE):
+            return "sensor"
+        if "method" in doc or "request" in doc or "status" in doc:
+            return "web"
+        raise Rejected(
+            "unknown_event_kind",
+            "JSON is neither a sensor reading (device_id, metrics) "
+            "nor a web request (method, path, status)",
+        )
+
+    def _sensor_json(self, doc: Mapping[str, Any], event: events_pb2.CleanEvent) -> None:
+        _, device = fields.first(doc, _DEVICE)
+        if device is None:
+            raise Rejected("missing_field", "sensor reading has no device_id")
+        reading = event.sensor_reading
+        reading.device_id = fields.identifier(device, "device_id", self._rules.max_id_length)
+        event.entity_id = reading.device_id
+        metrics = doc.get("metrics")
+        if metrics is None:
+            raise Rejected("missing_field", "sensor reading has no metrics")
+        if isinstance(metrics, dict):
+            items = list(metrics.items())
+        elif isinstance(metrics, list):
+            items = [self._listed_metric(entry) for entry in metrics]
+        else:
+            raise Rejected("invalid_type", "metrics must be an object or an array")
+        names = set()
+        for name, given in items:
+            if isinstance(given, dict):
+                if "value" not in given:
+                    raise Rejected("missing_field", f"metric {name!r} has no value")
+                raw_value, unit = given["value"], given.get("unit", "")
+            else:
+                raw_value, unit = given, ""
+            names.add(self._add_measurement(reading, name, raw_value, unit))
+        self._check_measurements(reading, names)
+
+    @staticmethod
+    def _listed_metric(entry: Any) -> tuple[Any, Any]:
+        if not isinstance(entry, dict):
+            raise Rejected("invalid_type", "each entry of metrics must be an object")
+        _, name = fields.first(entry, ("name", "metric"))
+        if name is None:
+            raise Rejected("missing_field", "a metric has no name")
+        return name, entry
+
+    def _web_json(
+        self, doc: Mapping[str, Any], event: events_pb2.CleanEvent, key: bytes | None
+    ) -> None:
+        web = event.web_request
+        _, host = fields.first(doc, _HOST)
+        web.host = self._host(host, key)
+        event.entity_id = web.host
+        request = doc.get("request")
+        if request is not None:
+            web.method, web.path, web.protocol = _split_request(fields.text(request, "request"))
+        if "method" in doc:
+            web.method = fields.text(doc["method"], "method").upper()
+        _, path = fields.first(doc, _PATH)
+        if path is not None:
+            web.path = fields.text(path, "path")
+        if "protocol" in doc:
+            web.protocol = fields.text(doc["protocol"], "protocol").upper()
+        if "status" not in doc:
+            raise Rejected("missing_field", "web request has no status")
+        status = fields.integer(doc["status"], "status")
+        if not 100 <= status <= 599:
+            raise Rejected("invalid_field", f"status {status} is not an HTTP status")
+        web.status = status
+        _, client = fields.first(doc, _CLIENT)
+        if client is not None:
+            web.client_address = fields.text(client, "client_address")
+        _, size = fields.first(doc, _BYTES)
+        if size is not None and size != "-":
+            web.response_bytes = _non_negative(fields.integer(size, "bytes"), "bytes")
+        if "latency_ms" in doc:
+            web.latency_ms = fields.number(doc["latency_ms"], "latency_ms")
+        elif "request_time" in doc:
+            web.latency_ms = fields.number(doc["request_time"], "request_time") * 1000.0
+        _, agent = fields.first(doc, _AGENT)
+        if agent is not None:
+            web.user_agent = fields.text(agent, "user_agent")
+        _, referer = fields.first(doc, _REFERER)
+        if referer is not None:
+            web.referer = fields.text(referer, "referer")
+        self._check_web(web)
+
+    # Log lines and protobuf -------------------------------------------------
+
+    def _from_log_line(self, line: str, key: bytes | None) -> events_pb2.CleanEvent:
+        event = events_pb2.CleanEvent()
+        self._log_line_into(line, event, key)
+        return event
+
+    def _log_line_into(self, line: str, event: events_pb2.CleanEvent, key: bytes | None) -> None:
+        parsed = accesslog.parse_line(line)
+        web = event.web_request
+        web.host = self._host(None, key)
+        event.entity_id = web.host
+        _set_time(event.event_time, parse_time(parsed.time))
+        web.method, web.path, web.protocol = _split_request(parsed.request)
+        web.client_address = parsed.client_address
+        web.status = parsed.status
+        web.response_bytes = parsed.response_bytes
+        if parsed.request_time_s is not None:
+            web.latency_ms = parsed.request_time_s * 1000.0
+        web.user_agent = parsed.user_agent
+        web.referer = parsed.referer
+        self._check_web(web)
+
+    def _from_protobuf(self, raw: events_pb2.RawEvent, key: bytes | None) -> events_pb2.CleanEvent:
+        event = events_pb2.CleanEvent()
+        if raw.event_id:
+            event.event_id = fields.identifier(raw.event_id, "event_id", self._rules.max_id_length)
+        event.attributes.update(raw.attributes)
+        body = raw.WhichOneof("body")
+        if body == "log_line":
+            self._log_line_into(payload._line(raw.log_line), event, key)
+            return event
+        if not raw.HasField("event_time"):
+            raise Rejected("missing_field", "RawEvent has no event_time")
+        event.event_time.CopyFrom(raw.event_time)
+        if body == "sensor_reading":
+            reading = event.sensor_reading
+            reading.device_id = fields.identifier(
+                raw.sensor_reading.device_id, "device_id", self._rules.max_id_length
+            )
+            event.entity_id = reading.device_id
+            names = {
+                self._add_measurement(reading, given.metric, given.value, given.unit)
+                for given in raw.sensor_reading.measurements
+            }
+            self._check_measurements(reading, names)
+        else:
+            web = event.web_request
+            web.CopyFrom(raw.web_request)
+            web.host = self._host(raw.web_request.host or None, key)
+            event.entity_id = web.host
+            web.method = web.method.strip().upper()
+            web.path = web.path.strip()
+            web.protocol = web.protocol.strip().upper()
+            web.client_address = web.client_address.strip()
+            if not web.status:
+                raise Rejected("missing_field", "web request has no status")
+            if web.latency_ms - web.latency_ms != 0.0:
+                raise Rejected("non_finite", "latency_ms is not a finite number")
+            self._check_web(web)
+        return event
+
+    # Shared checks ----------------------------------------------------------
+
+    def _add_measurement(
+        self, reading: events_pb2.SensorReading, name: Any, raw_value: Any, unit: Any
+    ) -> str:
+        """Validate, convert and append one measurement; returns its metric name."""
+        spec = self._specs.get((name, unit)) if isinstance(name, str) else None
+        if spec is None:
+            spec = self._measurement_spec(name, unit)
+        metric, found, canonical_unit, bounds = spec
+        value = fields.number(raw_value, f"metric {metric!r}")
+        if found is not None:
+            value = value * found.scale + found.offset
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            raise Rejected(
+                "out_of_range",
+                f"{metric} {value:g} {canonical_unit} is outside [{bounds[0]:g}, {bounds[1]:g}]",
+            )
+        reading.measurements.add(metric=metric, value=value, unit=canonical_unit)
+        return metric
+
+    def _measurement_spec(self, name: Any, unit: Any) -> _Spec:
+        """Name, unit and range of a metric as sent; remembered, as devices repeat them."""
+        metric = fields.text(name, "metric name").lower().replace(" ", "_").replace("-", "_")
+        if not _METRIC_NAME.fullmatch(metric):
+            raise Rejected("invalid_field", f"metric name {name!r} is not a name")
+        unit_text = fields.text(unit, f"unit of {metric!r}") if unit is not None else ""
+        found = units.resolve(metric, unit_text)
+        spec = (metric, found, found.canonical if found else "", self._ranges.get(metric))
+        if isinstance(name, str) and (unit is None or isinstance(unit, str)):
+            if len(self._specs) >= _MAX_SPECS:
+                self._specs.clear()
+            self._specs[(name, unit)] = spec
+        return spec
+
+    def _check_measurements(self, reading: events_pb2.SensorReading, names: set[str]) -> None:
+        count = len(reading.measurements)
+        if count == 0:
+            raise Rejected("missing_field", "sensor reading has no metrics")
+        if count > self._rules.max_metrics:
+            raise Rejected("invalid_field", f"sensor reading has {count} metrics, over the limit")
+        if len(names) != count:
+            raise Rejected("duplicate_key", "sensor reading names one metric twice")
+
+    def _host(self, given: Any, key: bytes | None) -> str:
+        if given is None and key:
+            given = key.decode("utf-8", errors="replace")
+        if given is None:
+            return _UNKNOWN_HOST
+        host = fields.text(given, "host").lower()
+        if not host:
+            return _UNKNOWN_HOST
+        if not _HOSTNAME.fullmatch(host):
+            raise Rejected("invalid_field", f"host {host[:80]!r} is not a host name")
+        return host
+
+    @staticmethod
+    def _check_web(web: events_pb2.WebRequest) -> None:
+        if not web.method:
+            raise Rejected("missing_field", "web request has no method")
+        if not _METHOD.fullmatch(web.method):
+            raise Rejected("invalid_field", f"method {web.method[:20]!r} is not an HTTP method")
+        if not web.path:
+            raise Rejected("missing_field", "web request has no path")
+        if len(web.path) > _MAX_PATH or not (
+            web.path[0] == "/" or web.path == "*" or web.path.startswith(("http://", "https://"))
+        ):
+            raise Rejected("invalid_field", f"path {web.path[:80]!r} is not a request target")
+        if web.protocol and not _PROTOCOL.fullmatch(web.protocol):
+            raise Rejected("invalid_field", f"protocol {web.protocol[:20]!r} is not HTTP/x.y")
+        if not 100 <= web.status <= 599:
+            raise Rejected("invalid_field", f"status {web.status} is not an HTTP status")
+        if web.client_address in ("", "-"):
+            web.client_address = ""
+        else:
+            web.client_address = _client_address(web.client_address)
+        if not 0.0 <= web.latency_ms <= _MAX_LATENCY_MS:
+            raise Rejected("out_of_range", f"latency {web.latency_ms:g} ms is outside a day")
+
+    def _check_time(self, event: events_pb2.CleanEvent, now_us: int) -> None:
+        when = event.event_time.seconds * 1_000_000 + event.event_time.nanos // 1000
+        if when > now_us + self._rules.max_future_skew_us:
+            ahead = (when - now_us) / 1e6
+            raise Rejected("future_timestamp", f"event time is {ahead:.0f} s ahead of the clock")
+        if when < 0:
+            raise Rejected("invalid_timestamp", "event time is before 1970")
+
+
+def _set_time(stamp: Timestamp, micros: int) -> None:
+    # Timestamp.FromMicroseconds is pure Python; this is the same, cheaper.
+    stamp.seconds, rest = divmod(micros, 1_000_000)
+    stamp.nanos = rest * 1000
+
+
+def _split_request(request: str) -> tuple[str, str, str]:
+    parts = request.split(" ")
+    if len(parts) == 3:
+        return parts[0].upper(), parts[1], parts[2].upper()
+    if len(parts) == 2:  # HTTP/0.9: no protocol
+        return parts[0].upper(), parts[1], ""
+    raise Rejected("invalid_field", f"request {request[:80]!r} is not 'METHOD target PROTOCOL'")
+
+
+def _non_negative(value: int, field: str) -> int:
+    if not 0 <= value < 2**63:
+        raise Rejected("out_of_range", f"{field} {value} must be between 0 and 2^63")
+    return value
+
+
+def _client_address(given: str) -> str:
+    try:
+        return str(ipaddress.ip_address(given))
+    except ValueError:
+        host = given.lower()
+        if _HOSTNAME.fullmatch(host):
+            return host  # Apache with HostnameLookups logs names, not addresses
+        raise Rejected(
+            "invalid_field", f"client address {given[:80]!r} is not an address"
+        ) from None

@@ -1,0 +1,146 @@
+"""One raw record in, one outcome out: a clean event, a dead letter, or a duplicate.
+
+Thin: the cleaning is ``Cleaner``'s, the memory of ids ``DedupWindow``'s; this
+module only picks the outcome and builds the record to publish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from shared.bus import envelope
+from shared.bus.codec import type_name
+from shared.bus.deadletter import dead_letter, dead_letter_headers
+from shared.contracts.aistack.v1 import events_pb2
+from svc_ingest.cleaner import Cleaner
+from svc_ingest.dedup import DedupWindow
+from svc_ingest.rejection import Rejected
+
+SERVICE = "svc_ingest"
+
+OutcomeKind = Literal["clean", "dead_letter", "duplicate"]
+
+_CONTENT_TYPE = envelope.CONTENT_TYPE
+_TRACEPARENT = envelope.TRACEPARENT
+
+
+@dataclass(slots=True)
+class Outcome:
+    kind: OutcomeKind
+    # What to publish; topic is "" for a duplicate, which publishes nothing.
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    reason: str = ""
+    message: str = ""
+    event_id: str = ""
+
+
+class RecordHandler:
+    """Decides the outcome of each raw record read from ``source_topic``."""
+
+    def __init__(
+        self,
+        cleaner: Cleaner,
+        dedup: DedupWindow,
+        *,
+        source_topic: str,
+        clean_topic: str,
+        dlq_topic: str,
+    ) -> None:
+        self._cleaner = cleaner
+        self._dedup = dedup
+        self._source_topic = source_topic
+        self._clean_topic = clean_topic
+        self._dlq_topic = dlq_topic
+        self._clean_headers = envelope.HeaderTemplate(type_name(events_pb2.CleanEvent), SERVICE)
+        self._dlq_headers = envelope.HeaderTemplate(type_name(events_pb2.DeadLetter), SERVICE)
+
+    def handle(
+        self,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes]] | Mapping[str, bytes] | None,
+        now_us: int,
+    ) -> Outcome:
+        content_type = traceparent = ""
+        pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
+        for name, raw in pairs:
+            if name == _CONTENT_TYPE:
+                content_type = _header_text(raw)
+            elif name == _TRACEPARENT:
+                traceparent = _header_text(raw)
+        try:
+            event = self._cleaner.clean(value, key, content_type, now_us)
+        except Rejected as rejected:
+            return self._dead_letter(partition, offset, key, value, headers, rejected, traceparent)
+        event_id = event.event_id
+        if not self._dedup.first_sighting(event_id.encode(), now_us // 1000, partition, offset):
+            return Outcome("duplicate", "", None, None, [], event_id=event_id)
+        ingest_time = event.ingest_time
+        ingest_time.seconds, rest = divmod(now_us, 1_000_000)
+        ingest_time.nanos = rest * 1000
+        source = event.source
+        source.topic = self._source_topic
+        source.partition = partition
+        source.offset = offset
+        trace = (
+            envelope.child_traceparent(traceparent) if traceparent else envelope.new_traceparent()
+        )
+        return Outcome(
+            "clean",
+            self._clean_topic,
+            event.entity_id.encode(),
+            event.SerializeToString(),
+            self._clean_headers.build(event_id, trace),
+            event_id=event_id,
+        )
+
+    def _dead_letter(
+        self,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes]] | Mapping[str, bytes] | None,
+        rejected: Rejected,
+        traceparent: str,
+    ) -> Outcome:
+        letter = dead_letter(
+            reason=rejected.reason,
+            message=rejected.message,
+            service=SERVICE,
+            topic=self._source_topic,
+            partition=partition,
+            offset=offset,
+            value=value,
+            key=key,
+            headers=list(headers.items() if isinstance(headers, Mapping) else headers or ()),
+        )
+        # The dead letter's own id is its source position: a replay of the same
+        # record after a crash yields the same id, so consumers can drop repeats.
+        letter_id = f"{self._source_topic}/{partition}/{offset}"
+        trace = (
+            envelope.child_traceparent(traceparent) if traceparent else envelope.new_traceparent()
+        )
+        out_headers = self._dlq_headers.build(letter_id, trace)
+        out_headers.extend(dead_letter_headers(letter))
+        return Outcome(
+            "dead_letter",
+            self._dlq_topic,
+            key,
+            letter.SerializeToString(),
+            out_headers,
+            reason=rejected.reason,
+            message=rejected.message,
+            event_id=letter_id,
+        )
+
+
+def _header_text(raw: bytes | None) -> str:
+    return raw.decode("utf-8", errors="replace") if raw else ""

@@ -1,0 +1,150 @@
+"""Where a batch's records go out: each in the transaction of its source partition.
+
+Faust 0.15.3 under ``exactly_once`` keeps one transactional producer per
+source partition (id ``{app}-{group}-{partition}``) and, every commit
+interval, sends that partition's acked offsets into its transaction and
+commits it. Two things in it break exactly-once; this module and the batch
+gate of ``svc_ingest.faust_transport.BatchConsumer`` avoid both:
+
+* ``TransactionManager.send`` picks the transaction by the *destination*
+  partition, so a clean event keyed by entity id lands in another partition's
+  transaction (faust-streaming #323, #502). Here every record is sent through
+  the producer of the raw record's own partition.
+* The periodic commit reads the acked offsets, then waits for each
+  transaction's lock: a batch processed meanwhile gets its outputs committed
+  with the offsets from before it, and a crash repeats it. The agent holds
+  the consumer's batch gate from a batch's first send to its ack, and the
+  commit takes the gate before it reads the offsets.
+
+Under ``at_least_once`` the app's plain producer is used: a batch is acked
+only after its records are delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+import faust
+from aiokafka import AIOKafkaProducer
+
+
+class OutputWriter:
+    """Collects a batch's records per (transaction, topic, partition) into aiokafka
+    batch builders and sends each builder whole: per record that costs an append,
+    where ``producer.send`` costs a future, a partitioner call and a lookup."""
+
+    def __init__(self, app: faust.App, source_topic: str, *, exactly_once: bool) -> None:
+        self._app = app
+        self._source_topic = source_topic
+        self._exactly_once = exactly_once
+        self._producers: dict[int, AIOKafkaProducer] = {}
+        self._builders: dict[tuple[int, str, int], Any] = {}
+        self._oversized: list[tuple[int, str, int, bytes | None, bytes | None, list[Any]]] = []
+        self._partition_of: dict[tuple[str, bytes], int] = {}
+        self._known_topics: set[str] = set()
+        self._pending_full: list[tuple[AIOKafkaProducer, Any, str, int]] = []
+        self._metadata_producer: Any = None
+
+    async def use_partitions(self, partitions: Iterable[int], topics: Iterable[str]) -> None:
+        """Look up the transactions of the partitions a batch will send for, and
+        the partition counts of the topics it will send to."""
+        self._producers.clear()
+        self._builders.clear()
+        self._oversized.clear()
+        default = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        # Its client holds the cluster metadata for every topic we write.
+        self._metadata_producer = default
+        if self._exactly_once:
+            producer: Any = self._app.producer
+            group = self._app.assignor.group_for_topic(self._source_topic)
+            for partition in set(partitions):
+                transactional = producer._transaction_producers.get(
+                    f"{self._app.conf.id}-{group}-{partition}"
+                )
+                if transactional is None:
+                    raise PartitionRevoked(partition)
+                self._producers[partition] = transactional
+        else:
+            for partition in set(partitions):
+                self._producers[partition] = default
+        for topic in topics:
+            if topic not in self._known_topics:
+                await default.client._wait_on_metadata(topic)
+                self._known_topics.add(topic)
+
+    def add(
+        self,
+        source_partition: int,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        *,
+        partition: int | None = None,
+    ) -> None:
+        """Queue one record for ``flush``; ``partition`` defaults to the key's."""
+        producer = self._producers.get(source_partition)
+        if producer is None:
+            raise PartitionRevoked(source_partition)
+        if partition is None:
+            partition = self._partition(topic, key)
+        slot = (source_partition, topic, partition)
+        builder = self._builders.get(slot)
+        if builder is None:
+            builder = self._builders[slot] = producer.create_batch()
+        if builder.append(timestamp=None, key=key, value=value, headers=headers) is not None:
+            return
+        if builder.record_count():
+            # Full: send it as it is, start the next one.
+            self._pending_full.append((producer, builder, topic, partition))
+            builder = self._builders[slot] = producer.create_batch()
+            if builder.append(timestamp=None, key=key, value=value, headers=headers) is not None:
+                return
+        # Larger than a batch: the producer sends it alone.
+        self._oversized.append((source_partition, topic, partition, key, value, headers))
+
+    async def flush(self) -> list[Any]:
+        """Send everything added; returns, when the broker has all of it, the
+        RecordMetadata of each batch sent (offset: the batch's first)."""
+        sent = []
+        for producer, builder, topic, partition in self._pending_full:
+            sent.append(await producer.send_batch(builder, topic, partition=partition))
+        self._pending_full.clear()
+        for (source_partition, topic, partition), builder in self._builders.items():
+            if builder.record_count():
+                producer = self._producers[source_partition]
+                sent.append(await producer.send_batch(builder, topic, partition=partition))
+        self._builders.clear()
+        for source_partition, topic, partition, key, value, headers in self._oversized:
+            producer = self._producers[source_partition]
+            sent.append(
+                await producer.send(topic, value, key=key, partition=partition, headers=headers)
+            )
+        self._oversized.clear()
+        return list(await asyncio.gather(*sent))
+
+    def _partition(self, topic: str, key: bytes | None) -> int:
+        producer = self._metadata_producer
+        if key is not None:
+            found = self._partition_of.get((topic, key))
+            if found is not None:
+                return found
+        cluster = producer.client.cluster
+        every = list(cluster.partitions_for_topic(topic) or ())
+        available = list(cluster.available_partitions_for_topic(topic) or ())
+        chosen = int(producer._partitioner(key, every, available))
+        if key is not None:
+            if len(self._partition_of) > 100_000:  # many entities: keep the cache bounded
+                self._partition_of.clear()
+            self._partition_of[(topic, key)] = chosen
+        return chosen
+
+
+class PartitionRevoked(Exception):
+    """This worker no longer owns the partition: its records are another's now."""
+
+    def __init__(self, partition: int) -> None:
+        super().__init__(f"partition {partition} is not assigned to this worker")
+        self.partition = partition

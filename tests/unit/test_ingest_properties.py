@@ -1,0 +1,241 @@
+"""No input crashes the cleaner, and every input yields exactly one outcome."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.contracts.aistack.v1 import events_pb2
+from svc_ingest.cleaner import Cleaner
+from svc_ingest.dedup import DedupWindow
+from svc_ingest.handlers import RecordHandler
+from svc_ingest.rejection import REASONS, Rejected
+from svc_ingest.rules import CleaningRules
+
+NOW_US = 1_795_251_600 * 1_000_000
+CONTENT_TYPES = st.sampled_from(
+    [
+        "",
+        "application/json",
+        "application/x-protobuf",
+        "text/plain",
+        "text/plain; charset=utf-8",
+        "image/png",
+    ]
+)
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+field_values = json_values | st.sampled_from(
+    [
+        "2026-11-21T08:00:00Z",
+        "1795251000",
+        "C",
+        "°F",
+        "%",
+        "GET",
+        "/x",
+        "HTTP/1.1",
+        "200",
+        "-",
+        "1e999",
+        "nan",
+    ]
+)
+sensor_docs = st.fixed_dictionaries(
+    {},
+    optional={
+        "event_id": field_values,
+        "device_id": field_values,
+        "timestamp": field_values | st.integers(min_value=0, max_value=10**21),
+        "metrics": st.dictionaries(
+            st.sampled_from(["temperature", "humidity", "pressure", "x y", ""]),
+            field_values | st.fixed_dictionaries({"value": field_values, "unit": field_values}),
+            max_size=3,
+        )
+        | st.lists(
+            st.fixed_dictionaries({"name": field_values, "value": field_values}), max_size=3
+        ),
+        "attributes": json_values,
+        "extra": json_values,
+    },
+)
+web_docs = st.fixed_dictionaries(
+    {},
+    optional={
+        "host": field_values,
+        "remote_addr": field_values,
+        "time": field_values,
+        "request": field_values,
+        "method": field_values,
+        "path": field_values,
+        "status": field_values,
+        "bytes": field_values,
+        "request_time": field_values,
+        "latency_ms": field_values,
+        "user_agent": field_values,
+    },
+)
+
+
+def _json_bytes(doc: Any) -> bytes:
+    return json.dumps(doc, allow_nan=True).encode()
+
+
+log_lines = st.builds(
+    lambda client,
+    t,
+    req,
+    status,
+    size,
+    tail: f'{client} - - [{t}] "{req}" {status} {size}{tail}'.encode(),
+    st.sampled_from(["1.2.3.4", "::1", "host-a", "bad addr", "-"]),
+    st.sampled_from(["21/Nov/2026:08:00:00 +0000", "99/Nov/2026:08:00:00 +0000", "x"]),
+    st.text(max_size=30),
+    st.integers(min_value=0, max_value=999),
+    st.sampled_from(["0", "-", "123"]),
+    st.sampled_from(["", ' "-" "-"', ' "r" "ua" 0.5', " 7"]),
+)
+
+
+def _protobuf(event: events_pb2.RawEvent) -> bytes:
+    return event.SerializeToString()
+
+
+raw_events = st.builds(
+    lambda eid, device, metric, value, unit, seconds: _protobuf(
+        events_pb2.RawEvent(
+            event_id=eid,
+            event_time={"seconds": seconds},
+            sensor_reading=events_pb2.SensorReading(
+                device_id=device,
+                measurements=[events_pb2.Measurement(metric=metric, value=value, unit=unit)],
+            ),
+        )
+    ),
+    st.text(max_size=10),
+    st.text(max_size=10),
+    st.text(max_size=10),
+    st.floats(),
+    st.sampled_from(["", "C", "K", "V", "zz"]),
+    st.integers(min_value=-(10**10), max_value=10**11),
+)
+
+VALID_SENSOR = {
+    "event_id": "e-1",
+    "device_id": "dev-1",
+    "timestamp": "2026-11-21T08:00:00Z",
+    "metrics": {"temperature": {"value": 20.5, "unit": "C"}, "humidity": "40"},
+}
+VALID_WEB = {
+    "host": "web-1",
+    "remote_addr": "10.0.0.1",
+    "time": 1795251000,
+    "request": "GET /a HTTP/1.1",
+    "status": 200,
+    "bytes": 10,
+    "request_time": 0.01,
+}
+
+
+def _near(base: dict[str, Any]) -> st.SearchStrategy[bytes]:
+    """A valid document with up to two fields replaced, removed or added."""
+    edits = st.dictionaries(
+        st.sampled_from([*base, "extra"]), field_values | st.just(None), max_size=2
+    )
+    return edits.map(
+        lambda changes: _json_bytes(
+            {k: v for k, v in {**base, **changes}.items() if v is not None or k == "extra"}
+        )
+    )
+
+
+raw_values = (
+    st.none()
+    | _near(VALID_SENSOR)
+    | _near(VALID_WEB)
+    | st.binary(max_size=200)
+    | sensor_docs.map(_json_bytes)
+    | web_docs.map(_json_bytes)
+    | json_values.map(_json_bytes)
+    | log_lines
+    | raw_events
+)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=raw_values, content_type=CONTENT_TYPES, key=st.none() | st.binary(max_size=20))
+def test_the_cleaner_accepts_or_rejects_with_a_known_reason(
+    value: bytes | None, content_type: str, key: bytes | None
+) -> None:
+    cleaner = Cleaner(CleaningRules())
+    try:
+        event = cleaner.clean(value, key, content_type, NOW_US)
+    except Rejected as rejected:
+        assert rejected.reason in REASONS
+        assert rejected.message
+        return
+    assert event.event_id and event.entity_id
+    assert event.WhichOneof("body") in ("sensor_reading", "web_request")
+    event.SerializeToString()  # every accepted event can be published
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    values=st.lists(st.tuples(raw_values, CONTENT_TYPES), min_size=1, max_size=20),
+    repeat=st.booleans(),
+)
+def test_every_record_has_exactly_one_outcome(
+    values: list[tuple[bytes | None, str]], repeat: bool
+) -> None:
+    handler = RecordHandler(
+        Cleaner(CleaningRules()),
+        DedupWindow({}, 60_000),
+        source_topic="raw",
+        clean_topic="clean",
+        dlq_topic="dlq",
+    )
+    records = values + values if repeat else values
+    outcomes = [
+        handler.handle(0, offset, None, value, [("content-type", ct.encode())], NOW_US)
+        for offset, (value, ct) in enumerate(records)
+    ]
+    assert len(outcomes) == len(records)
+    for outcome in outcomes:
+        assert outcome.kind in ("clean", "dead_letter", "duplicate")
+        assert (outcome.topic == "") == (outcome.kind == "duplicate")
+    if repeat:
+        # The second copy of an accepted record is a duplicate, never clean again.
+        half = len(values)
+        for first, second in zip(outcomes[:half], outcomes[half:], strict=True):
+            if first.kind == "clean":
+                assert second.kind == "duplicate"
+            if first.kind == "dead_letter":
+                assert second.kind == "dead_letter" and second.reason == first.reason
+
+
+@settings(max_examples=800, deadline=None)
+@given(
+    value=_near(VALID_SENSOR) | _near(VALID_WEB),
+    content_type=st.sampled_from(["", "application/json"]),
+)
+def test_near_valid_documents_are_accepted_or_rejected_cleanly(
+    value: bytes, content_type: str
+) -> None:
+    cleaner = Cleaner(CleaningRules())
+    try:
+        event = cleaner.clean(value, b"key", content_type, NOW_US)
+    except Rejected as rejected:
+        assert rejected.reason in REASONS
+        return
+    assert event.entity_id
+    assert event.event_time.seconds >= 0
+    for measurement in event.sensor_reading.measurements:
+        assert measurement.value == measurement.value  # never NaN
