@@ -44,9 +44,9 @@ def main() -> int:
         )
     metrics = IngestMetrics.create()
     serve_metrics(settings.metrics_port)
-    ingest = create_app(settings, metrics, partitions=partitions)
+    app = create_app(settings, metrics, partitions=partitions)
     worker = faust.Worker(
-        ingest.app,
+        app,
         loglevel=settings.common.log_level.lower().replace("warning", "warn"),
         quiet=True,
         redirect_stdouts=False,

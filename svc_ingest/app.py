@@ -50,13 +50,6 @@ DEDUP_TABLE = "dedup"
 CLEAN_SHUTDOWN_MARK = "clean-shutdown"
 
 
-@dataclass
-class IngestApp:
-    app: faust.App
-    settings: IngestSettings
-    state_dir: Path
-
-
 def state_dir(settings: IngestSettings) -> Path:
     return Path(settings.common.state_dir) / "ingest" / settings.app_id
 
@@ -101,7 +94,7 @@ def prepare_topics(settings: IngestSettings) -> int:
     return partition_count(settings.kafka, settings.source_topic)
 
 
-def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: int) -> IngestApp:
+def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: int) -> faust.App:
     """The Faust app with the cleaning agent; ``partitions`` is the raw topic's count."""
     kafka = settings.kafka
     directory = state_dir(settings)
@@ -140,6 +133,7 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
     table = app.Table(
         DEDUP_TABLE, default=None, key_type=bytes, value_type=bytes, partitions=partitions
     )
+    changelog = table.changelog_topic.get_topic_name()
     dedup = DedupWindow(_TableStore(table), int(settings.dedup_window_seconds * 1000))
     handler = RecordHandler(
         Cleaner(settings.cleaning_rules()),
@@ -159,7 +153,6 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
     app.on_rebalance_complete.connect(on_rebalance_complete)  # type: ignore[arg-type]
 
     async def write_sightings(groups: list[Sightings]) -> None:
-        changelog = table.changelog_topic.get_topic_name()
         for group in groups:
             writer.add(
                 group.partition, changelog, group.key, group.value, [], partition=group.partition
@@ -179,7 +172,6 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
             return
         upkeep["expired_at_ms"] = now_ms
         owned = {tp.partition for tp in app.consumer.assignment() if tp.topic == raw_topic_name}
-        changelog = table.changelog_topic.get_topic_name()
         # Groups of partitions we no longer own are the new owner's to expire.
         forgotten = [(key, p) for key, p in dedup.expire(now_ms) if p in owned]
         if forgotten:
@@ -188,7 +180,7 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
                 writer.add(p, changelog, key, None, [], partition=p)
             await writer.flush()
 
-    topics = (settings.clean_topic, settings.dlq_topic, table.changelog_topic.get_topic_name())
+    topics = (settings.clean_topic, settings.dlq_topic, changelog)
 
     # An error that is not the input's (the broker, a revoked transaction)
     # stops the worker rather than the agent alone: a restarted agent would
@@ -254,7 +246,7 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
                 if highwater is not None:
                     metrics.consumer_lag.labels(str(partition)).set(max(highwater - offset - 1, 0))
 
-    return IngestApp(app, settings, directory)
+    return app
 
 
 async def _batches(

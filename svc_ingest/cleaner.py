@@ -309,7 +309,8 @@ class Cleaner:
         self, reading: events_pb2.SensorReading, name: Any, raw_value: Any, unit: Any
     ) -> str:
         """Validate, convert and append one measurement; returns its metric name."""
-        spec = self._specs.get((name, unit)) if isinstance(name, str) else None
+        cacheable = isinstance(name, str) and (unit is None or isinstance(unit, str))
+        spec = self._specs.get((name, unit)) if cacheable else None
         if spec is None:
             spec = self._measurement_spec(name, unit)
         metric, found, canonical_unit, bounds = spec
@@ -332,7 +333,7 @@ class Cleaner:
         unit_text = fields.text(unit, f"unit of {metric!r}") if unit is not None else ""
         found = units.resolve(metric, unit_text)
         spec = (metric, found, found.canonical if found else "", self._ranges.get(metric))
-        if isinstance(name, str) and (unit is None or isinstance(unit, str)):
+        if isinstance(name, str) and (unit is None or isinstance(unit, str)):  # hashable
             if len(self._specs) >= _MAX_SPECS:
                 self._specs.clear()
             self._specs[(name, unit)] = spec

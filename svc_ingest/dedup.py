@@ -52,10 +52,8 @@ class Sightings:
     key: bytes
     partition: int
     entries: list[tuple[bytes, int]] = field(default_factory=list)
-
-    @property
-    def value(self) -> bytes:
-        return pack(self.entries)
+    # The packed entries, set when the group is taken for writing.
+    value: bytes = b""
 
 
 class DedupWindow:
@@ -90,6 +88,7 @@ class DedupWindow:
         self._pending = {}
         self._pending_ids = set()
         for group in taken:
+            group.value = pack(group.entries)
             newest = 0
             for event_id, ms in group.entries:
                 self._seen[event_id] = ms

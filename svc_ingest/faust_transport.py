@@ -9,8 +9,7 @@ per fetched (topic, partition) batch; per record only the cheap bookkeeping
 remains (read offset, gap detection, decode, queue put).
 
 Use it with ``broker="aistack-kafka://host:9092"`` (importing this module
-registers the scheme), or call :func:`install` on the app before declaring
-agents.  Agents can then pull whole batches with :func:`take_batch` and ack
+registers the scheme).  Agents can then pull whole batches with :func:`take_batch` and ack
 them with :func:`ack_batch`.
 """
 
@@ -43,7 +42,6 @@ __all__ = [
     "Transport",
     "ack_batch",
     "batch_gate",
-    "install",
     "take_batch",
 ]
 
@@ -498,23 +496,6 @@ class Transport(_aiokafka.Transport):
 def register_scheme() -> None:
     """Register ``aistack-kafka://`` in faust's transport registry (idempotent)."""
     TRANSPORTS.aliases.setdefault(SCHEME, f"{__name__}:Transport")
-
-
-def install(app: AppT) -> None:
-    """Make ``app`` consume through :class:`Transport`.
-
-    Must run before the first agent/topic touches ``app.topics`` (the conductor
-    is created from the transport once and cached); prefer passing
-    ``broker="aistack-kafka://..."`` to ``faust.App`` instead.
-    """
-    register_scheme()
-    if "topics" in app.__dict__ and not isinstance(app.__dict__["topics"], BatchConductor):
-        raise RuntimeError(
-            "install(app) must be called before agents are declared; "
-            f"or use broker='{SCHEME}://host:port'"
-        )
-    # Producer transport is left alone: the producer class is the same.
-    app.transport = Transport(app.conf.broker_consumer, app)
 
 
 async def take_batch(

@@ -22,9 +22,6 @@ SERVICE = "svc_ingest"
 
 OutcomeKind = Literal["clean", "dead_letter", "duplicate"]
 
-_CONTENT_TYPE = envelope.CONTENT_TYPE
-_TRACEPARENT = envelope.TRACEPARENT
-
 
 @dataclass(slots=True)
 class Outcome:
@@ -68,17 +65,17 @@ class RecordHandler:
         headers: Sequence[tuple[str, bytes]] | Mapping[str, bytes] | None,
         now_us: int,
     ) -> Outcome:
-        content_type = traceparent = ""
-        pairs = headers.items() if isinstance(headers, Mapping) else headers or ()
-        for name, raw in pairs:
-            if name == _CONTENT_TYPE:
-                content_type = _header_text(raw)
-            elif name == _TRACEPARENT:
-                traceparent = _header_text(raw)
+        pairs = list(headers.items() if isinstance(headers, Mapping) else headers or ())
+        found = envelope.parse_headers(pairs)
+        trace = (
+            envelope.child_traceparent(found.traceparent)
+            if found.traceparent
+            else envelope.new_traceparent()
+        )
         try:
-            event = self._cleaner.clean(value, key, content_type, now_us)
+            event = self._cleaner.clean(value, key, found.content_type, now_us)
         except Rejected as rejected:
-            return self._dead_letter(partition, offset, key, value, headers, rejected, traceparent)
+            return self._dead_letter(partition, offset, key, value, pairs, rejected, trace)
         event_id = event.event_id
         if not self._dedup.first_sighting(event_id.encode(), now_us // 1000, partition, offset):
             return Outcome("duplicate", "", None, None, [], event_id=event_id)
@@ -89,9 +86,6 @@ class RecordHandler:
         source.topic = self._source_topic
         source.partition = partition
         source.offset = offset
-        trace = (
-            envelope.child_traceparent(traceparent) if traceparent else envelope.new_traceparent()
-        )
         return Outcome(
             "clean",
             self._clean_topic,
@@ -107,9 +101,9 @@ class RecordHandler:
         offset: int,
         key: bytes | None,
         value: bytes | None,
-        headers: Sequence[tuple[str, bytes]] | Mapping[str, bytes] | None,
+        headers: list[tuple[str, bytes]],
         rejected: Rejected,
-        traceparent: str,
+        trace: str,
     ) -> Outcome:
         letter = dead_letter(
             reason=rejected.reason,
@@ -120,14 +114,11 @@ class RecordHandler:
             offset=offset,
             value=value,
             key=key,
-            headers=list(headers.items() if isinstance(headers, Mapping) else headers or ()),
+            headers=headers,
         )
         # The dead letter's own id is its source position: a replay of the same
         # record after a crash yields the same id, so consumers can drop repeats.
         letter_id = f"{self._source_topic}/{partition}/{offset}"
-        trace = (
-            envelope.child_traceparent(traceparent) if traceparent else envelope.new_traceparent()
-        )
         out_headers = self._dlq_headers.build(letter_id, trace)
         out_headers.extend(dead_letter_headers(letter))
         return Outcome(
@@ -140,7 +131,3 @@ class RecordHandler:
             message=rejected.message,
             event_id=letter_id,
         )
-
-
-def _header_text(raw: bytes | None) -> str:
-    return raw.decode("utf-8", errors="replace") if raw else ""

@@ -170,13 +170,18 @@ def _count_keys(node: Any) -> int:
     return count
 
 
-def _decode_json_strictly(value: bytes, rules: CleaningRules) -> dict[str, Any]:
+def _utf8(value: bytes, what: str) -> str:
+    """Text without a byte-order mark (RFC 8259 forbids one in JSON)."""
     if value.startswith(_BOM):
-        raise Rejected("byte_order_mark", "JSON must not start with a byte-order mark (RFC 8259)")
+        raise Rejected("byte_order_mark", f"{what} must not start with a byte-order mark")
     try:
-        text = value.decode("utf-8")
+        return value.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise Rejected("invalid_utf8", f"value is not valid UTF-8: {exc}") from None
+
+
+def _decode_json_strictly(value: bytes, rules: CleaningRules) -> dict[str, Any]:
+    text = _utf8(value, "JSON")
     # The exact depth walk only runs when the bracket count allows deep nesting.
     if value.count(b"{") + value.count(b"[") > rules.max_nesting_depth:
         _check_depth(text, rules.max_nesting_depth)
@@ -242,13 +247,7 @@ def decode_protobuf(value: bytes) -> events_pb2.RawEvent:
 
 
 def decode_text(value: bytes) -> str:
-    if value.startswith(_BOM):
-        raise Rejected("byte_order_mark", "log line starts with a byte-order mark")
-    try:
-        text = value.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Rejected("invalid_utf8", f"value is not valid UTF-8: {exc}") from None
-    return _line(text)
+    return _line(_utf8(value, "a log line"))
 
 
 def _line(text: str) -> str:

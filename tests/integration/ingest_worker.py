@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,10 +200,10 @@ def read_outputs(
     return written
 
 
-def wait_until(condition: object, timeout: float, message: str) -> None:
+def wait_until(condition: Callable[[], bool], timeout: float, message: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if callable(condition) and condition():
+        if condition():
             return
         time.sleep(0.2)
     raise AssertionError(message)

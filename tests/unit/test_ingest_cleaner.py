@@ -284,3 +284,8 @@ def test_the_fast_json_path_still_sees_nested_duplicates_and_tricky_strings(
         b'"metrics": {"steps": 12345678901234567890123}}'
     )
     assert cleaner.clean(big, None, JSON, NOW_US).sensor_reading.measurements[0].value > 1e22
+
+
+def test_a_unit_that_is_not_text_is_rejected_not_a_crash(cleaner: Cleaner) -> None:
+    doc = sensor(metrics={"temperature": {"value": 20, "unit": ["C"]}})
+    assert reason_of(cleaner, json.dumps(doc).encode(), JSON) == "invalid_type"
