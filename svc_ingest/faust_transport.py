@@ -334,9 +334,24 @@ class BatchConsumer(_aiokafka.Consumer):
     committed with the offsets from before it. A commit here holds the gate
     from before it reads the offsets; an agent holds it (``batch_gate``) from
     a batch's first send to its ack.
+
+    Added: the stream hold. When a rebalance's recovery ends, Faust resumes
+    the stream partitions, *then* seeks them to the committed offsets, and
+    only then resumes flow control, which empties the stream queues and
+    cancels any put blocked on a full one (``FlowControlEvent.resume``).
+    Records fetched in between were processed and then fetched again after
+    the seek (dead letters written twice), or dropped from the queue with
+    their read offsets already advanced, and the cancelled put ended the
+    fetch loop for good. Here, from a rebalance until flow resumes after that
+    seek, only changelog partitions are fetched; the stream partitions' records
+    wait, unread, in the client.
     """
 
     _batch_gate: asyncio.Lock | None = None
+    #: Stream partitions are held from a rebalance until ...
+    _streams_held: bool = True
+    #: ... flow resumes after the seek to the committed offsets.
+    _seeked_while_held: bool = False
 
     @property
     def batch_gate(self) -> asyncio.Lock:
@@ -351,9 +366,37 @@ class BatchConsumer(_aiokafka.Consumer):
             )
             return committed
 
+    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
+        self._hold_streams()
+        await super().on_partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
+        self._hold_streams()
+        await super().on_partitions_assigned(assigned, generation_id)
+
+    async def perform_seek(self) -> None:
+        await super().perform_seek()
+        if self._streams_held:
+            self._seeked_while_held = True
+
+    def resume_flow(self) -> None:
+        super().resume_flow()
+        if self._seeked_while_held:
+            self._streams_held = self._seeked_while_held = False
+
+    def _hold_streams(self) -> None:
+        self._streams_held = True
+        self._seeked_while_held = False
+
+    def _fetchable(self, active: set[TP]) -> set[TP]:
+        if not self._streams_held:
+            return active
+        return {tp for tp in active if self._is_changelog_tp(tp)}
+
     async def _wait_next_records(self, timeout: float) -> tuple[RecordMap | None, set[TP] | None]:
         # Faust's version, except the idle sleep (every partition paused)
-        # is ``timeout`` instead of a fixed second.
+        # is ``timeout`` instead of a fixed second, and held stream
+        # partitions are not fetched.
         if not self.flow_active:
             await self.wait(self.can_resume_flow)  # type: ignore[arg-type]
         try:
@@ -362,7 +405,7 @@ class BatchConsumer(_aiokafka.Consumer):
             if self.app.client_only:
                 active_partitions = None
             else:
-                active_partitions = self._get_active_partitions()
+                active_partitions = self._fetchable(self._get_active_partitions())
             records: RecordMap = {}
             if active_partitions is None or active_partitions:
                 records = await self._getmany(active_partitions=active_partitions, timeout=timeout)
@@ -419,7 +462,8 @@ class BatchConsumer(_aiokafka.Consumer):
             # As in faust's getmany: records fetched while stopped are dropped
             # and we seek back so they are fetched again after the rebalance.
             try:
-                await self.perform_seek()
+                # Faust's seek, not ours: this one must not release a hold.
+                await _aiokafka.Consumer.perform_seek(self)
             except Exception as ex:
                 self.log.warning(f"exception performing seek when flow not active {ex}")
             return
@@ -475,7 +519,15 @@ class BatchConsumer(_aiokafka.Consumer):
         else:
             work = self._deliver_singly(tp, messages)
         # One race per batch: stop delivering as soon as a rebalance suspends flow.
-        await self.wait_first(work, self.suspend_flow.wait())
+        try:
+            await self.wait_first(work, self.suspend_flow.wait())
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.should_stop or (task is not None and task.cancelling()):
+                raise
+            # Not us: flow control emptied the queue under a blocked put
+            # (a rebalance). The seek that comes with it refetches the rest.
+            self.log.info("Delivery to %r cut short by a flow-control reset", tp)
 
     async def _deliver_singly(self, tp: TP, messages: list[Message]) -> None:
         # Fallback for a foreign conductor: faust's per-message callback.
