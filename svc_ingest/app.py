@@ -2,10 +2,14 @@
 
 Any number of workers (``python -m svc_ingest``) join one consumer group
 (``AISTACK_INGEST_APP_ID``) and share the raw topic's partitions. Each batch:
-decide every record's outcome (``RecordHandler``), send the clean events and
-dead letters, then the dedup table's new entries (local store and changelog),
-and only then ack the batch. How the sends stay exactly-once under Faust's
-transactions is ``svc_ingest.output``'s docstring.
+decide every record's outcome (``RecordHandler``), send the clean events,
+dead letters and the dedup table's new entries (local store and changelog),
+and only then ack the batch. Under exactly_once all three go in one round
+trip, as they share the source partition's transaction; under at_least_once
+the dedup entries go only after the outputs they vouch for. How the sends
+stay exactly-once under Faust's transactions is ``svc_ingest.output``'s
+docstring; how a restart resumes at exactly the committed offsets is
+``svc_ingest.faust_transport.BatchConsumer``'s.
 
 Dedup is per raw partition, like every Faust table: a producer's retry
 carries the same key, so it lands on the same partition as the original.
@@ -152,13 +156,24 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
 
     app.on_rebalance_complete.connect(on_rebalance_complete)  # type: ignore[arg-type]
 
-    async def write_sightings(groups: list[Sightings]) -> None:
+    def add_sightings(groups: list[Sightings]) -> None:
         for group in groups:
             writer.add(
                 group.partition, changelog, group.key, group.value, [], partition=group.partition
             )
-        written = await writer.flush()
-        _persist_changelog_offsets(app, table, written, exactly_once=exactly_once)
+
+    async def send_batch() -> None:
+        if exactly_once:
+            # Outputs and sightings share the source partition's transaction:
+            # neither commits without the other, so one round trip sends both.
+            add_sightings(dedup.take_sightings())
+            written = await writer.flush()
+        else:
+            # Outputs first, then the ids that vouch for them (see dedup.py).
+            await writer.flush()
+            add_sightings(dedup.take_sightings())
+            written = await writer.flush()
+        _persist_changelog_offsets(app, table, changelog, written, exactly_once=exactly_once)
 
     def rebuild_after_rebalance() -> None:
         # Streams resume only after the table's recovery, so by the first batch
@@ -229,9 +244,7 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
                                 outcome.value,
                                 outcome.headers,
                             )
-                    # Outputs first, then the ids that vouch for them (see dedup.py).
-                    await writer.flush()
-                    await write_sightings(dedup.take_sightings())
+                    await send_batch()
                 except BaseException:
                     dedup.discard_pending()
                     raise
@@ -265,11 +278,18 @@ async def _batches(
 
 
 def _persist_changelog_offsets(
-    app: faust.App, table: TableT[Any, Any], written: list[Any], *, exactly_once: bool
+    app: faust.App,
+    table: TableT[Any, Any],
+    changelog: str,
+    written: list[Any],
+    *,
+    exactly_once: bool,
 ) -> None:
     """What Faust's own changelog callback does: RocksDB recovery starts after these."""
     newest: dict[TP, int] = {}
     for metadata in written:
+        if metadata.topic != changelog:
+            continue
         tp = TP(metadata.topic, metadata.partition)
         newest[tp] = max(newest.get(tp, -1), metadata.offset)
     store: Any = table.data  # a faust StoreT; TableT types it as a MutableMapping

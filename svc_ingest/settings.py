@@ -34,7 +34,7 @@ class IngestSettings(ServiceSettings):
     # JSON object {"metric": [low, high]} in canonical units; merged over the
     # defaults (svc_ingest/units.py DEFAULT_RANGES).
     metric_ranges: dict[str, tuple[float, float]] = Field(default_factory=dict)
-    batch_max: int = Field(default=1000, ge=1)
+    batch_max: int = Field(default=5000, ge=1)
     batch_within_seconds: float = Field(default=0.05, gt=0)
     # How often offsets (and, under exactly_once, transactions) are committed.
     commit_interval_seconds: float = Field(default=1.0, gt=0)

@@ -112,6 +112,27 @@ def test_ten_thousand_mixed_events_end_exactly_once(
     assert again.counter("ingest_records_in_total") == 0
 
 
+def test_at_least_once_worker_writes_each_outcome_once_without_a_crash(
+    infra: Infra, topics: Topics, workers: list[Worker], tmp_path: Path
+) -> None:
+    """The configurable guarantee: plain producer, outputs before the dedup ids."""
+    records = mixed_records(2_000, seed=5)
+    worker = Worker(
+        infra,
+        topics,
+        tmp_path / "w",
+        extra_env={"AISTACK_INGEST_PROCESSING_GUARANTEE": "at_least_once"},
+    )
+    workers.append(worker)
+    worker.wait_ready()
+    publish(infra, topics.raw, records)
+
+    written = read_outputs(infra.kafka, topics, expected_total=1_900)
+
+    assert_exact(records, written)
+    assert worker.terminate() == 0
+
+
 def test_kill_9_mid_stream_and_restart_keeps_counts_exact(
     infra: Infra, topics: Topics, workers: list[Worker], tmp_path: Path
 ) -> None:
