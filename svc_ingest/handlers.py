@@ -65,20 +65,21 @@ class RecordHandler:
         headers: Sequence[tuple[str, bytes]] | Mapping[str, bytes] | None,
         now_us: int,
     ) -> Outcome:
-        pairs = list(headers.items() if isinstance(headers, Mapping) else headers or ())
+        # Kafka clients hand over a list of pairs; the ABC check is for the rest.
+        if type(headers) is list:
+            pairs = headers
+        else:
+            pairs = list(headers.items() if isinstance(headers, Mapping) else headers or ())
         found = envelope.parse_headers(pairs)
-        trace = (
-            envelope.child_traceparent(found.traceparent)
-            if found.traceparent
-            else envelope.new_traceparent()
-        )
         try:
             event = self._cleaner.clean(value, key, found.content_type, now_us)
         except Rejected as rejected:
+            trace = self._trace(found.traceparent)
             return self._dead_letter(partition, offset, key, value, pairs, rejected, trace)
         event_id = event.event_id
         if not self._dedup.first_sighting(event_id.encode(), now_us // 1000, partition, offset):
             return Outcome("duplicate", "", None, None, [], event_id=event_id)
+        trace = self._trace(found.traceparent)
         ingest_time = event.ingest_time
         ingest_time.seconds, rest = divmod(now_us, 1_000_000)
         ingest_time.nanos = rest * 1000
@@ -94,6 +95,10 @@ class RecordHandler:
             self._clean_headers.build(event_id, trace),
             event_id=event_id,
         )
+
+    @staticmethod
+    def _trace(parent: str) -> str:
+        return envelope.child_traceparent(parent) if parent else envelope.new_traceparent()
 
     def _dead_letter(
         self,
