@@ -11,14 +11,19 @@ from shared.settings import load_settings
 
 
 def _infra(args: argparse.Namespace) -> int:
-    from compose import kafka_dist
+    from compose import kafka_dist, spark_dist
     from compose.local import LocalStack
     from compose.settings import InfraSettings
 
     settings = load_settings(InfraSettings)
     if args.action == "fetch":
-        home = kafka_dist.ensure_kafka_jars(settings.common.cache_dir)
+        cache = settings.common.cache_dir
+        home = kafka_dist.ensure_kafka_jars(cache)
         print(f"kafka {kafka_dist.KAFKA_VERSION} jars in {home / 'libs'}")
+        jars = spark_dist.ensure_connector_jars(cache)
+        print(f"spark {spark_dist.SPARK_VERSION} connectors: {len(jars)} jars in {jars[0].parent}")
+        if spark_dist.pyspark_installed():
+            print(f"svc_transform functions: {spark_dist.ensure_functions_jar(cache)}")
         return 0
     stack = LocalStack(settings)
     if args.action == "up":

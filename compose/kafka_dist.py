@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
-from shared.errors import ConfigError, Unavailable
+from compose import maven
 
 # Kafka 3.9 is the newest line that still serves every protocol version
 # aiokafka (Faust's client) and librdkafka (confluent-kafka) use; 4.x removed
@@ -15,7 +12,6 @@ from shared.errors import ConfigError, Unavailable
 KAFKA_VERSION = "3.9.1"
 SCALA_BINARY_VERSION = "2.13"
 POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
-_STAMP = ".complete"
 
 
 def kafka_home(cache_dir: Path) -> Path:
@@ -27,7 +23,7 @@ def classpath(cache_dir: Path) -> str:
 
 
 def is_fetched(cache_dir: Path) -> bool:
-    return (kafka_home(cache_dir) / _STAMP).is_file()
+    return maven.is_fetched(kafka_home(cache_dir))
 
 
 def ensure_kafka_jars(cache_dir: Path) -> Path:
@@ -36,36 +32,6 @@ def ensure_kafka_jars(cache_dir: Path) -> Path:
     Raises ConfigError when Maven is missing and Unavailable when Maven
     Central cannot be reached.
     """
-    home = kafka_home(cache_dir)
-    if is_fetched(cache_dir):
-        return home
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise ConfigError("Maven (mvn) is needed once to fetch Kafka's jars: apt-get install maven")
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
-        libs = Path(tmp) / "libs"
-        result = subprocess.run(
-            [
-                mvn,
-                "-q",
-                "-B",
-                "-f",
-                str(POM),
-                "dependency:copy-dependencies",
-                "-DincludeScope=runtime",
-                f"-DoutputDirectory={libs}",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0 or not any(libs.glob("kafka_*.jar")):
-            tail = (result.stdout + result.stderr).strip().splitlines()[-5:]
-            raise Unavailable(f"could not fetch Kafka {KAFKA_VERSION} jars: {' | '.join(tail)}")
-        if home.exists():
-            shutil.rmtree(home)
-        home.mkdir(parents=True)
-        libs.rename(home / "libs")
-    (home / _STAMP).write_text(KAFKA_VERSION + "\n")
-    return home
+    return maven.fetch_runtime(
+        POM, kafka_home(cache_dir), expect="kafka_*.jar", what=f"Kafka {KAFKA_VERSION} jars"
+    )

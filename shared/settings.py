@@ -127,6 +127,38 @@ class KafkaSettings(BaseSettings):
             config["ssl.key.password"] = self.ssl_key_password.get_secret_value()
         return config
 
+    def java_client_config(self) -> dict[str, str]:
+        """The same for Kafka's Java client (Spark's connector takes each with a
+        ``kafka.`` prefix); PEM files are read as they are, no keystore needed."""
+        config = {
+            "bootstrap.servers": self.bootstrap,
+            "client.id": self.client_id,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            config["sasl.mechanism"] = self.sasl_mechanism
+            module = {
+                "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+                "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+                "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+            }.get(self.sasl_mechanism)
+            if module and self.sasl_username and self.sasl_password:
+                config["sasl.jaas.config"] = (
+                    f'{module} required username="{_jaas_quote(self.sasl_username)}" '
+                    f'password="{_jaas_quote(self.sasl_password.get_secret_value())}";'
+                )
+        if self.ssl_cafile:
+            config["ssl.truststore.type"] = "PEM"
+            config["ssl.truststore.location"] = str(self.ssl_cafile)
+        if self.ssl_certfile:
+            config["ssl.keystore.type"] = "PEM"
+            config["ssl.keystore.certificate.chain"] = self.ssl_certfile.read_text()
+            if self.ssl_keyfile:
+                config["ssl.keystore.key"] = self.ssl_keyfile.read_text()
+            if self.ssl_key_password:
+                config["ssl.key.password"] = self.ssl_key_password.get_secret_value()
+        return config
+
     def aiokafka_config(self) -> dict[str, Any]:
         """The same connection and security for aiokafka (and so Faust)."""
         config: dict[str, Any] = {
@@ -152,6 +184,10 @@ class KafkaSettings(BaseSettings):
         if self.sasl_password:
             config["sasl_plain_password"] = self.sasl_password.get_secret_value()
         return config
+
+
+def _jaas_quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 class RedisSettings(BaseSettings):

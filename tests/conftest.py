@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -19,3 +20,17 @@ def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Infra]:
 def unique() -> str:
     """A fresh suffix for this test's topics and consumer groups."""
     return uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One real local Spark (2 cores) for every Spark test: start-up costs seconds."""
+    from shared.settings import CommonSettings
+    from svc_transform.settings import SparkSettings
+    from svc_transform.spark import session
+
+    started = session(
+        SparkSettings(master="local[2]"), "aistack-tests", cache_dir=CommonSettings().cache_dir
+    )
+    yield started
+    started.stop()

@@ -7,7 +7,7 @@ import pytest
 from google.protobuf import descriptor_pool
 from google.protobuf.message import Message
 
-from compose import kafka_dist
+from compose import kafka_dist, spark_dist
 from shared.bus.topics import TOPICS, TOPICS_BY_NAME
 from shared.contracts import codegen
 from shared.contracts.aistack.v1 import (
@@ -146,6 +146,13 @@ def test_descriptor_set_for_spark_lists_every_message() -> None:
 def test_kafka_version_agrees_with_the_pom() -> None:
     pom = kafka_dist.POM.read_text()
     assert re.search(rf"<kafka.version>{re.escape(kafka_dist.KAFKA_VERSION)}</kafka.version>", pom)
+
+
+def test_spark_connector_version_is_pyspark_s() -> None:
+    version = re.escape(spark_dist.SPARK_VERSION)
+    assert re.search(rf"<spark.version>{version}</spark.version>", spark_dist.POM.read_text())
+    pyproject = (Path(spark_dist.POM).parents[2] / "pyproject.toml").read_text()
+    assert re.search(rf'"pyspark=={version}"', pyproject)
 
 
 def test_messages_round_trip_in_memory() -> None:

@@ -1,0 +1,61 @@
+"""Java runtimes resolved from Maven Central once, into the user's cache.
+
+Each runtime is a ``pom.xml`` whose dependencies are the jars wanted; Maven
+copies them (runtime scope: what the pom marks ``provided`` is left out) into
+``<home>/libs``, and a stamp file marks the copy complete.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from shared.errors import ConfigError, Unavailable
+
+_STAMP = ".complete"
+
+
+def is_fetched(home: Path) -> bool:
+    return (home / _STAMP).is_file()
+
+
+def fetch_runtime(pom: Path, home: Path, *, expect: str, what: str) -> Path:
+    """Copy ``pom``'s runtime dependencies into ``home/libs`` (a no-op when there).
+
+    ``expect`` is a glob that must match a copied jar. Raises ConfigError when
+    Maven is missing and Unavailable when Maven Central cannot be reached.
+    """
+    if is_fetched(home):
+        return home
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise ConfigError(f"Maven (mvn) is needed once to fetch {what}: apt-get install maven")
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=home.parent) as tmp:
+        libs = Path(tmp) / "libs"
+        result = subprocess.run(
+            [
+                mvn,
+                "-q",
+                "-B",
+                "-f",
+                str(pom),
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={libs}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0 or not any(libs.glob(expect)):
+            tail = (result.stdout + result.stderr).strip().splitlines()[-5:]
+            raise Unavailable(f"could not fetch {what}: {' | '.join(tail)}")
+        if home.exists():
+            shutil.rmtree(home)
+        home.mkdir(parents=True)
+        libs.rename(home / "libs")
+    (home / _STAMP).write_text(what + "\n")
+    return home

@@ -1,0 +1,72 @@
+"""The JVM functions that move aistack.v1 protobuf in and out of Spark rows.
+
+Spark's own ``from_protobuf``/``to_protobuf`` live in the spark-protobuf
+module, which Maven Central does not serve for Spark 4 here; these do the
+same natively (Java, in the executors, from the contracts' descriptor set;
+no Python per row). Sources: ``svc_transform/jvm``; built and cached by
+``compose.spark_dist.ensure_functions_jar``.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+DECODE_CLEAN_EVENT = "aistack_decode_clean_event"
+ENCODE_FEATURE_WINDOW = "aistack_encode_feature_window"
+ENCODE_DEAD_LETTER = "aistack_encode_dead_letter"
+
+# Field for field what DecodeCleanEvent.java returns.
+CLEAN_EVENT_SCHEMA = StructType(
+    [
+        StructField("event_id", StringType()),
+        StructField("entity_id", StringType()),
+        StructField("event_time", TimestampType()),
+        StructField("kind", StringType()),  # "sensor" or "web"
+        StructField(
+            "measurements",
+            ArrayType(
+                StructType(
+                    [
+                        StructField("metric", StringType()),
+                        StructField("value", DoubleType()),
+                        StructField("unit", StringType()),
+                    ]
+                )
+            ),
+        ),
+        StructField(
+            "web",
+            StructType(
+                [
+                    StructField("host", StringType()),
+                    StructField("method", StringType()),
+                    StructField("path", StringType()),
+                    StructField("status", LongType()),
+                    StructField("latency_ms", DoubleType()),
+                ]
+            ),
+        ),
+        # Set (and nothing else) when the record does not decode.
+        StructField("error", StringType()),
+    ]
+)
+
+_PACKAGE = "dev.aistack.transform"
+
+
+def register(spark: SparkSession) -> None:
+    """Make the functions callable in SQL expressions of ``spark``'s queries."""
+    udf = spark.udf
+    udf.registerJavaFunction(DECODE_CLEAN_EVENT, f"{_PACKAGE}.DecodeCleanEvent", CLEAN_EVENT_SCHEMA)
+    udf.registerJavaFunction(ENCODE_FEATURE_WINDOW, f"{_PACKAGE}.EncodeFeatureWindow", BinaryType())
+    udf.registerJavaFunction(ENCODE_DEAD_LETTER, f"{_PACKAGE}.EncodeDeadLetter", BinaryType())

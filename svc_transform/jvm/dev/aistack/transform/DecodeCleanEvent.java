@@ -1,0 +1,98 @@
+package dev.aistack.transform;
+
+import com.google.protobuf.Descriptors.Descriptor;
+import com.google.protobuf.Descriptors.FieldDescriptor;
+import com.google.protobuf.DynamicMessage;
+import com.google.protobuf.InvalidProtocolBufferException;
+import java.sql.Timestamp;
+import java.util.ArrayList;
+import java.util.List;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.api.java.UDF1;
+
+/**
+ * aistack.v1.CleanEvent bytes to the row svc_transform aggregates (its schema is
+ * svc_transform.functions.CLEAN_EVENT_SCHEMA, field for field). A record that
+ * does not decode gives a row with only {@code error} set, never an exception:
+ * the query dead-letters it and goes on.
+ */
+public final class DecodeCleanEvent implements UDF1<byte[], Row> {
+  private static final long serialVersionUID = 1L;
+
+  private static final Descriptor EVENT = Contracts.message("aistack.v1.CleanEvent");
+  private static final FieldDescriptor EVENT_ID = EVENT.findFieldByName("event_id");
+  private static final FieldDescriptor ENTITY_ID = EVENT.findFieldByName("entity_id");
+  private static final FieldDescriptor EVENT_TIME = EVENT.findFieldByName("event_time");
+  private static final FieldDescriptor SENSOR = EVENT.findFieldByName("sensor_reading");
+  private static final FieldDescriptor WEB = EVENT.findFieldByName("web_request");
+  private static final Descriptor READING = SENSOR.getMessageType();
+  private static final FieldDescriptor MEASUREMENTS = READING.findFieldByName("measurements");
+  private static final Descriptor MEASUREMENT = MEASUREMENTS.getMessageType();
+  private static final Descriptor REQUEST = WEB.getMessageType();
+  private static final Descriptor TIMESTAMP = EVENT_TIME.getMessageType();
+
+  @Override
+  public Row call(byte[] value) {
+    if (value == null) {
+      return failed("record has no value");
+    }
+    DynamicMessage event;
+    try {
+      event = DynamicMessage.parseFrom(EVENT, value);
+    } catch (InvalidProtocolBufferException e) {
+      return failed("not an aistack.v1.CleanEvent: " + e.getMessage());
+    }
+    if (!event.hasField(EVENT_TIME)) {
+      return failed("CleanEvent has no event_time");
+    }
+    String entity = (String) event.getField(ENTITY_ID);
+    if (entity.isEmpty()) {
+      return failed("CleanEvent has no entity_id");
+    }
+    Timestamp eventTime = timestamp((DynamicMessage) event.getField(EVENT_TIME));
+    String kind;
+    List<Row> measurements = new ArrayList<>();
+    Row web = null;
+    if (event.hasField(SENSOR)) {
+      kind = "sensor";
+      DynamicMessage reading = (DynamicMessage) event.getField(SENSOR);
+      for (Object item : (List<?>) reading.getField(MEASUREMENTS)) {
+        DynamicMessage m = (DynamicMessage) item;
+        measurements.add(
+            RowFactory.create(
+                get(m, MEASUREMENT, "metric"), get(m, MEASUREMENT, "value"), get(m, MEASUREMENT, "unit")));
+      }
+    } else if (event.hasField(WEB)) {
+      kind = "web";
+      DynamicMessage r = (DynamicMessage) event.getField(WEB);
+      web =
+          RowFactory.create(
+              get(r, REQUEST, "host"),
+              get(r, REQUEST, "method"),
+              get(r, REQUEST, "path"),
+              ((Integer) get(r, REQUEST, "status")).longValue(),
+              get(r, REQUEST, "latency_ms"));
+    } else {
+      return failed("CleanEvent has neither a sensor reading nor a web request");
+    }
+    return RowFactory.create(
+        event.getField(EVENT_ID), entity, eventTime, kind, measurements, web, null);
+  }
+
+  private static Object get(DynamicMessage message, Descriptor type, String field) {
+    return message.getField(type.findFieldByName(field));
+  }
+
+  private static Timestamp timestamp(DynamicMessage ts) {
+    long seconds = (Long) get(ts, TIMESTAMP, "seconds");
+    int nanos = (Integer) get(ts, TIMESTAMP, "nanos");
+    Timestamp out = new Timestamp(seconds * 1000L);
+    out.setNanos(nanos);
+    return out;
+  }
+
+  private static Row failed(String error) {
+    return RowFactory.create(null, null, null, null, null, null, error);
+  }
+}

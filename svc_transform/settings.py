@@ -1,0 +1,120 @@
+"""svc_transform's settings: ``AISTACK_TRANSFORM_*``, ``AISTACK_SPARK_*`` and the shared ones."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.bus.topics import EVENTS_CLEAN, EVENTS_DLQ, FEATURES_WINDOWS
+from shared.settings import ServiceSettings
+
+# local, local[4], local[*], local[4,2] (retries), spark://h:p[,h:p], k8s://…, yarn.
+_MASTER = re.compile(
+    r"^(local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?"
+    r"|spark://[^/\s]+:[0-9]+(,[^/\s]+:[0-9]+)*"
+    r"|k8s://\S+"
+    r"|yarn)$"
+)
+
+
+class SparkSettings(BaseSettings):
+    """Where Spark runs and how it is sized; read by every Spark job."""
+
+    model_config = SettingsConfigDict(env_prefix="AISTACK_SPARK_", frozen=True, extra="ignore")
+
+    master: str = "local[*]"
+    # 0: the cores Spark runs on (local mode), else 2 per executor core; the
+    # default of 200 makes each micro-batch take over 13 s on 2 cores.
+    shuffle_partitions: int = Field(default=0, ge=0, le=100_000)
+    driver_memory: str = Field(default="1g", pattern=r"^[1-9][0-9]*[kmgt]$")
+    # Extra Spark settings as JSON {"spark.executor.memory": "4g"}, passed as
+    # spark-submit's --conf would.
+    conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("master")
+    @classmethod
+    def _check_master(cls, value: str) -> str:
+        if not _MASTER.match(value):
+            raise ValueError(
+                "expected local[*], local[N], spark://host:port, k8s://https://host:port "
+                f"or yarn, got {value!r}"
+            )
+        return value
+
+    def is_local(self) -> bool:
+        return self.master.startswith("local")
+
+    def partitions(self) -> int:
+        """``spark.sql.shuffle.partitions`` for this master."""
+        if self.shuffle_partitions:
+            return self.shuffle_partitions
+        match = re.match(r"^local\[([0-9]+)", self.master)
+        if match:
+            return int(match.group(1))
+        if self.master in ("local",):
+            return 1
+        return os.cpu_count() or 2
+
+
+class TransformSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="AISTACK_TRANSFORM_", frozen=True, extra="ignore")
+
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    source_topic: str = EVENTS_CLEAN
+    features_topic: str = FEATURES_WINDOWS
+    dlq_topic: str = EVENTS_DLQ
+    # Event-time windows: a tumbling one of this size, and sliding ones of
+    # this size every slide; 0 turns the sliding windows off.
+    tumbling_window_seconds: int = Field(default=60, ge=1)
+    sliding_window_seconds: int = Field(default=300, ge=0)
+    sliding_slide_seconds: int = Field(default=60, ge=1)
+    # How late an event may be and still update its window.
+    watermark_seconds: int = Field(default=30, ge=0)
+    trigger_seconds: float = Field(default=5.0, gt=0)
+    # Kafka sink's asynchronous progress tracking (Spark 3.4+): offsets are
+    # committed in the background, which takes them off each batch's path.
+    async_progress: bool = True
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    # Where the query's checkpoint and the Parquet offline store live;
+    # default: under the state directory.
+    checkpoint_dir: str = ""
+    offline_dir: str = ""
+    # Online store: latest closed window per entity and metric.
+    online_key_prefix: str = "aistack:features:"
+    online_ttl_seconds: int = Field(default=86_400, ge=1)
+    metrics_port: int = Field(default=9103, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _check_windows(self) -> TransformSettings:
+        if self.tumbling_window_seconds < self.trigger_seconds:
+            raise ValueError(
+                f"AISTACK_TRANSFORM_TUMBLING_WINDOW_SECONDS ({self.tumbling_window_seconds}) "
+                f"is shorter than AISTACK_TRANSFORM_TRIGGER_SECONDS ({self.trigger_seconds})"
+            )
+        if self.sliding_window_seconds:
+            if self.sliding_slide_seconds > self.sliding_window_seconds:
+                raise ValueError(
+                    "AISTACK_TRANSFORM_SLIDING_SLIDE_SECONDS is longer than "
+                    "AISTACK_TRANSFORM_SLIDING_WINDOW_SECONDS"
+                )
+            if self.sliding_window_seconds % self.sliding_slide_seconds:
+                raise ValueError(
+                    "AISTACK_TRANSFORM_SLIDING_WINDOW_SECONDS must be a multiple of "
+                    "AISTACK_TRANSFORM_SLIDING_SLIDE_SECONDS"
+                )
+            if self.sliding_window_seconds < self.trigger_seconds:
+                raise ValueError(
+                    f"AISTACK_TRANSFORM_SLIDING_WINDOW_SECONDS ({self.sliding_window_seconds}) "
+                    f"is shorter than AISTACK_TRANSFORM_TRIGGER_SECONDS ({self.trigger_seconds})"
+                )
+        return self
+
+    def checkpoint_path(self) -> str:
+        return self.checkpoint_dir or str(self.common.state_dir / "transform" / "checkpoint")
+
+    def offline_path(self) -> str:
+        return self.offline_dir or str(self.common.state_dir / "features" / "windows")

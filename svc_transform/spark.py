@@ -1,0 +1,47 @@
+"""A SparkSession for svc_transform: the master, jars and sizing from settings."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from compose import spark_dist
+from svc_transform.settings import SparkSettings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def session(spark: SparkSettings, app_name: str, *, cache_dir: os.PathLike[str]) -> SparkSession:
+    """Start (or join) the session: the Kafka connector and our functions from
+    the local cache (no network at start-up), shuffle partitions sized to the
+    cores, UTC session time."""
+    from pyspark.sql import SparkSession
+
+    from svc_transform import functions
+
+    if spark.is_local():
+        # Without it Spark resolves the host name, which fails or picks a
+        # public interface on many laptops and CI machines.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    cache = Path(cache_dir)
+    jars = [*spark_dist.ensure_connector_jars(cache), spark_dist.ensure_functions_jar(cache)]
+    builder = (
+        SparkSession.builder.master(spark.master)
+        .appName(app_name)
+        .config("spark.jars", ",".join(str(jar) for jar in jars))
+        .config("spark.sql.shuffle.partitions", str(spark.partitions()))
+        .config("spark.driver.memory", spark.driver_memory)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    for key, value in spark.conf.items():
+        builder = builder.config(key, value)
+    # py4j logs every connection at INFO, down to interpreter exit.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("WARN")
+    functions.register(session)
+    return session
