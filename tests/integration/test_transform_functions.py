@@ -43,7 +43,7 @@ def test_clean_events_decode_in_the_jvm(spark: Any) -> None:
 
     sensor, web, garbage, empty = rows
     assert (sensor.event_id, sensor.entity_id, sensor.kind) == ("e-1", "thermo-7", "sensor")
-    assert sensor.event_time.replace(tzinfo=UTC) == datetime(2026, 11, 22, 10, 0, 5, 250_000, UTC)
+    assert sensor.event_time.astimezone(UTC) == datetime(2026, 11, 22, 10, 0, 5, 250_000, UTC)
     assert [(m.metric, m.value, m.unit) for m in sensor.measurements] == [
         ("temperature", 21.5, "degC"),
         ("humidity", 40.0, "%"),

@@ -1,0 +1,107 @@
+"""Window arithmetic of svc_transform on a real local Spark, on static frames."""
+
+from __future__ import annotations
+
+import statistics
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from shared.contracts.aistack.v1 import events_pb2, features_pb2
+from svc_transform.windows import (
+    WEB_LATENCY,
+    WindowSpec,
+    aggregate,
+    decode,
+    feature_window_bytes,
+    observations,
+)
+
+T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+
+def sensor(entity: str, at: datetime, temperature: float) -> bytes:
+    event = events_pb2.CleanEvent(event_id=f"{entity}-{at.timestamp()}", entity_id=entity)
+    event.event_time.FromDatetime(at)
+    event.sensor_reading.device_id = entity
+    event.sensor_reading.measurements.add(metric="temperature", value=temperature, unit="degC")
+    return event.SerializeToString()
+
+
+def web(host: str, at: datetime, path: str, status: int, latency: float) -> bytes:
+    event = events_pb2.CleanEvent(event_id=f"{host}-{at.timestamp()}", entity_id=host)
+    event.event_time.FromDatetime(at)
+    request = event.web_request
+    request.host, request.method, request.path = host, "GET", path
+    request.status, request.latency_ms = status, latency
+    return event.SerializeToString()
+
+
+def frame(spark: Any, values: list[bytes]) -> Any:
+    return spark.createDataFrame([(v,) for v in values], "value binary")
+
+
+def test_tumbling_windows_have_exact_statistics(spark: Any) -> None:
+    first = [20.0, 22.0, 27.0]  # window [10:00, 10:01)
+    second = [30.0]  # window [10:01, 10:02)
+    values = [sensor("t-1", T0 + timedelta(seconds=10 * i), v) for i, v in enumerate(first)]
+    values.append(sensor("t-1", T0 + timedelta(seconds=65), second[0]))
+    values.append(b"\x00garbage")  # not a CleanEvent: no observation
+
+    rows = aggregate(observations(decode(frame(spark, values))), WindowSpec(60, 60), 30)
+    got = {r.window_start.astimezone(UTC): r for r in rows.collect()}
+
+    assert set(got) == {T0, T0 + timedelta(minutes=1)}
+    w = got[T0]
+    assert (w.entity_id, w.metric, w.unit, w["count"]) == ("t-1", "temperature", "degC", 3)
+    assert (w.min, w.max, w.last) == (20.0, 27.0, 27.0)
+    assert abs(w.mean - statistics.mean(first)) < 1e-9
+    assert abs(w.stddev - statistics.stdev(first)) < 1e-9
+    assert w.p50 == 22.0 and w.error_rate is None
+    assert w.window_end.astimezone(UTC) == T0 + timedelta(minutes=1)
+    assert w.date == "2026-11-22" and len(w.window_key) == 32
+    lone = got[T0 + timedelta(minutes=1)]
+    assert (lone["count"], lone.mean, lone.stddev) == (1, 30.0, 0.0)
+
+
+def test_sliding_windows_count_each_event_in_every_window_it_falls_in(spark: Any) -> None:
+    values = [sensor("t-2", T0 + timedelta(seconds=s), 1.0) for s in (0, 70, 130)]
+
+    rows = aggregate(observations(decode(frame(spark, values))), WindowSpec(120, 60), 0)
+    counts = {r.window_start.astimezone(UTC): r["count"] for r in rows.collect()}
+
+    assert counts == {
+        T0 - timedelta(minutes=1): 1,
+        T0: 2,
+        T0 + timedelta(minutes=1): 2,
+        T0 + timedelta(minutes=2): 1,
+    }
+
+
+def test_web_requests_give_latency_and_error_rate_per_host_and_path(spark: Any) -> None:
+    values = [
+        web("web-1", T0 + timedelta(seconds=1), "/a", 200, 10.0),
+        web("web-1", T0 + timedelta(seconds=2), "/a", 503, 30.0),
+        web("web-1", T0 + timedelta(seconds=3), "/a", 500, 20.0),
+        web("web-1", T0 + timedelta(seconds=4), "/b", 200, 5.0),
+    ]
+
+    rows = aggregate(observations(decode(frame(spark, values))), WindowSpec(60, 60), 30)
+    by_path = {r.path: r for r in rows.collect()}
+
+    a = by_path["/a"]
+    assert (a.metric, a.unit, a["count"], a.max) == (WEB_LATENCY, "ms", 3, 30.0)
+    assert abs(a.error_rate - 2 / 3) < 1e-9
+    assert by_path["/b"].error_rate == 0.0
+
+
+def test_aggregates_encode_as_feature_windows(spark: Any) -> None:
+    values = [web("web-1", T0, "/a", 503, 10.0), sensor("t-3", T0, 5.0)]
+    rows = aggregate(observations(decode(frame(spark, values))), WindowSpec(60, 60), 30)
+
+    encoded = [bytes(r.v) for r in rows.select(feature_window_bytes().alias("v")).collect()]
+
+    windows = {w.entity_id: w for w in map(features_pb2.FeatureWindow.FromString, encoded)}
+    assert dict(windows["web-1"].dimensions) == {"path": "/a"}
+    assert windows["web-1"].error_rate == 1.0 and windows["web-1"].count == 1
+    assert dict(windows["t-3"].dimensions) == {} and windows["t-3"].mean == 5.0
+    assert windows["t-3"].window_size.seconds == 60
