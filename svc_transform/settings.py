@@ -40,8 +40,7 @@ class SparkSettings(BaseSettings):
     def _check_master(cls, value: str) -> str:
         if not _MASTER.match(value):
             raise ValueError(
-                "expected local[*], local[N], spark://host:port, k8s://https://host:port "
-                f"or yarn, got {value!r}"
+                "expected local[*], local[N], spark://host:port, k8s://https://host:port or yarn"
             )
         return value
 

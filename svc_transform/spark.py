@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,9 @@ def session(spark: SparkSettings, app_name: str, *, cache_dir: os.PathLike[str])
         # Without it Spark resolves the host name, which fails or picks a
         # public interface on many laptops and CI machines.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python workers from this interpreter (its venv), not the first
+        # python3 on PATH; on a cluster the executors' own Python is set there.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     cache = Path(cache_dir)
     jars = [*spark_dist.ensure_connector_jars(cache), spark_dist.ensure_functions_jar(cache)]
     builder = (

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,15 @@ def free_ports(count: int) -> list[int]:
         for sock in sockets:
             sock.bind(("127.0.0.1", 0))
         return [int(sock.getsockname()[1]) for sock in sockets]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(message)
 
 
 def free_port() -> int:

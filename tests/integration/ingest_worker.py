@@ -9,7 +9,6 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -198,12 +197,3 @@ def read_outputs(
     finally:
         consumer.close()
     return written
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, message: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(message)

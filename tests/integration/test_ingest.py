@@ -16,7 +16,7 @@ from compose import kafka_dist
 from loadgen.plan import generate
 from loadgen.records import RawRecord
 from svc_ingest.cleaner import content_hash
-from tests.infra import Infra
+from tests.infra import Infra, wait_until
 from tests.integration.ingest_worker import (
     Topics,
     Worker,
@@ -24,7 +24,6 @@ from tests.integration.ingest_worker import (
     prepare,
     publish,
     read_outputs,
-    wait_until,
 )
 
 pytestmark = pytest.mark.timeout(300)

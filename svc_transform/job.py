@@ -1,0 +1,185 @@
+"""The streaming queries of svc_transform and how they start and stop.
+
+One query per window kind (tumbling, and sliding when configured) reads the
+clean topic, aggregates, and hands each batch of closed windows to a
+``WindowSink``; one more, stateless, dead-letters what does not decode. Each
+has its own checkpoint under the checkpoint directory, so a killed job
+resumes every query where it stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+from shared.log import get_logger
+from svc_transform.functions import ENCODE_DEAD_LETTER
+from svc_transform.metrics import TransformMetrics
+from svc_transform.sinks import SERVICE, WindowSink, envelope_headers, kafka_options
+from svc_transform.windows import aggregate, decode, observations, window_specs
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+    from svc_transform.settings import TransformSettings
+
+log = get_logger("svc_transform")
+
+DEAD_LETTERS_QUERY = "dead-letters"
+UNDECODABLE = "undecodable"
+
+
+def read_clean_events(spark: SparkSession, settings: TransformSettings) -> DataFrame:
+    return (
+        spark.readStream.format("kafka")
+        .options(**kafka_options(settings.kafka))
+        .option("subscribe", settings.source_topic)
+        .option("startingOffsets", settings.starting_offsets)
+        .option("includeHeaders", "true")
+        # Offsets the broker deleted (retention) are skipped with a warning
+        # instead of stopping the query for good.
+        .option("failOnDataLoss", "false")
+        .load()
+    )
+
+
+def dead_letter_records(decoded: DataFrame) -> DataFrame:
+    """Records that do not decode, as aistack.v1.DeadLetter records for the DLQ."""
+    failed = decoded.where(F.col("event.error").isNotNull())
+    position = F.concat_ws("/", "topic", "partition", "offset")
+    letter = F.struct(
+        F.lit(UNDECODABLE).alias("reason"),
+        F.col("event.error").alias("message"),
+        F.col("value").alias("original_value"),
+        F.col("key").alias("original_key"),
+        F.col("headers").alias("original_headers"),
+        F.struct("topic", "partition", "offset").alias("source"),
+        F.lit(SERVICE).alias("service"),
+        F.current_timestamp().alias("rejected_time"),
+    )
+    headers = F.concat(
+        envelope_headers("aistack.v1.DeadLetter", position),
+        F.array(
+            F.struct(F.lit("error").alias("key"), F.lit(UNDECODABLE).cast("binary").alias("value")),
+            F.struct(F.lit("source").alias("key"), position.cast("binary").alias("value")),
+        ),
+    )
+    return failed.select(
+        "key", F.call_udf(ENCODE_DEAD_LETTER, letter).alias("value"), headers.alias("headers")
+    )
+
+
+@dataclass
+class Job:
+    """The started queries; ``stop`` ends them between micro-batches."""
+
+    spark: SparkSession
+    queries: list[StreamingQuery] = field(default_factory=list)
+
+    def await_any(self, timeout_seconds: int) -> bool:
+        """True once a query has ended (an error in it is raised here)."""
+        return bool(self.spark.streams.awaitAnyTermination(max(1, timeout_seconds)))
+
+    def stop(self, timeout_seconds: float = 60.0) -> None:
+        """Stop each query when no trigger is active: stopping mid-batch makes the
+        state store log errors and leaves work to redo."""
+        deadline = time.monotonic() + timeout_seconds
+        for query in self.queries:
+            while query.isActive and query.status["isTriggerActive"]:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            query.stop()
+
+
+def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMetrics) -> Job:
+    checkpoint = settings.checkpoint_path().rstrip("/")
+    trigger = f"{settings.trigger_seconds} seconds"
+    spark.streams.addListener(ProgressListener(metrics))
+    job = Job(spark)
+    decoded = decode(read_clean_events(spark, settings))
+    dead = (
+        dead_letter_records(decoded)
+        .writeStream.queryName(DEAD_LETTERS_QUERY)
+        .format("kafka")
+        .options(**kafka_options(settings.kafka))
+        .option("topic", settings.dlq_topic)
+        .option("checkpointLocation", f"{checkpoint}/{DEAD_LETTERS_QUERY}")
+        .trigger(processingTime=trigger)
+    )
+    if settings.async_progress:
+        # Offsets and commits are written in the background (Kafka sink only).
+        dead = dead.option("asyncProgressTrackingEnabled", "true")
+    job.queries.append(dead.start())
+    observed = observations(decoded)
+    for spec in window_specs(settings):
+        sink = WindowSink(
+            spec,
+            kafka=settings.kafka,
+            redis=settings.redis,
+            features_topic=settings.features_topic,
+            offline_path=settings.offline_path(),
+            online_key_prefix=settings.online_key_prefix,
+            online_ttl_seconds=settings.online_ttl_seconds,
+        )
+        query = (
+            aggregate(observed, spec, settings.watermark_seconds)
+            .writeStream.queryName(f"windows-{spec.name}")
+            .outputMode("append")
+            .foreachBatch(sink)
+            .option("checkpointLocation", f"{checkpoint}/windows-{spec.name}")
+            .trigger(processingTime=trigger)
+            .start()
+        )
+        job.queries.append(query)
+    log.info(
+        "transform.started",
+        queries=[q.name for q in job.queries],
+        master=spark.sparkContext.master,
+        checkpoint=checkpoint,
+    )
+    return job
+
+
+class ProgressListener(StreamingQueryListener):
+    """Counts rows in, windows out and late rows dropped, from Spark's progress reports."""
+
+    def __init__(self, metrics: TransformMetrics) -> None:
+        self._metrics = metrics
+
+    def onQueryStarted(self, event: Any) -> None:
+        return None
+
+    def onQueryIdle(self, event: Any) -> None:
+        return None
+
+    def onQueryTerminated(self, event: Any) -> None:
+        if event.exception:
+            log.error("query.failed", query_id=str(event.id), error=event.exception)
+
+    def onQueryProgress(self, event: Any) -> None:
+        progress = event.progress
+        name = progress.name or str(progress.id)
+        metrics = self._metrics
+        metrics.rows_in.labels(name).inc(progress.numInputRows)
+        metrics.batch_seconds.labels(name).set(progress.batchDuration / 1000)
+        if progress.sink and name.startswith("windows-"):
+            written = progress.sink.numOutputRows
+            if written and written > 0:
+                metrics.windows_out.labels(name).inc(written)
+        dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
+        if dropped:
+            metrics.late_rows_dropped.labels(name).inc(dropped)
+            log.warning(
+                "late.dropped",
+                query=name,
+                batch=progress.batchId,
+                rows=dropped,
+                watermark=progress.eventTime.get("watermark"),
+                offsets=[source.startOffset for source in progress.sources],
+            )

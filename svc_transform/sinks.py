@@ -1,0 +1,181 @@
+"""Where closed windows go: the features topic, the Parquet offline store, Redis.
+
+Each micro-batch of a window query goes to all three (``WindowSink``). A batch
+Spark runs again after a restart has the same id and the same rows, so:
+
+* Parquet: the batch's rows replace its own partition (``batch=<id>`` under
+  date, metric and window kind), never anyone else's: no row twice.
+* Redis: a window only replaces an older one (compared by window end).
+* Kafka: at least once; the record key is the entity and ``ce_id`` the
+  window key, by which consumers drop repeats.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import UTC
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql import functions as F
+
+from shared.bus import envelope
+from shared.redis_client import make_redis
+from shared.settings import KafkaSettings, RedisSettings
+from svc_transform.windows import WindowSpec, feature_window_bytes
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, Row
+
+SERVICE = "svc_transform"
+
+# Replace the stored window only with a newer one; keep the key alive.
+_SET_IF_NEWER = """
+local stored = redis.call('HGET', KEYS[1], ARGV[1] .. ':end')
+if (not stored) or tonumber(stored) < tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3], ARGV[1] .. ':end', ARGV[2])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+"""
+
+
+def kafka_options(kafka: KafkaSettings) -> dict[str, str]:
+    """Connection and security for Spark's Kafka source and sink."""
+    return {f"kafka.{key}": value for key, value in kafka.java_client_config().items()}
+
+
+def envelope_headers(message_type: str, event_id: Column) -> Column:
+    """The CloudEvents headers every aistack record carries, with a new trace."""
+    trace = F.concat(
+        F.lit("00-"),
+        F.regexp_replace(F.expr("uuid()"), "-", ""),
+        F.lit("-"),
+        F.substring(F.regexp_replace(F.expr("uuid()"), "-", ""), 1, 16),
+        F.lit("-01"),
+    )
+    pairs = [
+        (envelope.CONTENT_TYPE, F.lit(envelope.PROTOBUF_CONTENT_TYPE)),
+        (envelope.SPECVERSION, F.lit(envelope.CLOUDEVENTS_VERSION)),
+        (envelope.TYPE, F.lit(message_type)),
+        (envelope.ID, event_id),
+        (envelope.SOURCE, F.lit(SERVICE)),
+        (envelope.TRACEPARENT, trace),
+    ]
+    return F.array(
+        *[
+            F.struct(F.lit(key).alias("key"), value.cast("binary").alias("value"))
+            for key, value in pairs
+        ]
+    )
+
+
+def redis_field(metric: str, path: str, spec_name: str) -> str:
+    """The online-store hash field of one (metric, dimensions, window kind)."""
+    return f"{metric}|path={path}@{spec_name}" if path else f"{metric}@{spec_name}"
+
+
+class WindowSink:
+    """``foreachBatch`` target of one window query."""
+
+    def __init__(
+        self,
+        spec: WindowSpec,
+        *,
+        kafka: KafkaSettings,
+        redis: RedisSettings,
+        features_topic: str,
+        offline_path: str,
+        online_key_prefix: str,
+        online_ttl_seconds: int,
+    ) -> None:
+        self._spec = spec
+        self._kafka_options = kafka_options(kafka)
+        self._redis = redis
+        self._topic = features_topic
+        self._offline_path = offline_path
+        self._prefix = online_key_prefix
+        self._ttl = online_ttl_seconds
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        batch.persist()
+        try:
+            if batch.isEmpty():
+                return
+            self.to_parquet(batch, batch_id)
+            self.to_redis(batch)
+            self.to_kafka(batch)
+        finally:
+            batch.unpersist()
+
+    def to_kafka(self, batch: DataFrame) -> None:
+        records = batch.select(
+            F.col("entity_id").cast("binary").alias("key"),
+            feature_window_bytes().alias("value"),
+            envelope_headers("aistack.v1.FeatureWindow", F.col("window_key")).alias("headers"),
+        )
+        (
+            records.write.format("kafka")
+            .options(**self._kafka_options)
+            .option("topic", self._topic)
+            .save()
+        )
+
+    def to_parquet(self, batch: DataFrame, batch_id: int) -> None:
+        (
+            batch.withColumn("window", F.lit(self._spec.name))
+            .withColumn("batch", F.lit(batch_id).cast("long"))
+            .write.mode("overwrite")
+            .option("partitionOverwriteMode", "dynamic")
+            .partitionBy("date", "metric", "window", "batch")
+            .parquet(self._offline_path)
+        )
+
+    def to_redis(self, batch: DataFrame) -> None:
+        settings, prefix, ttl, name = self._redis, self._prefix, self._ttl, self._spec.name
+
+        def write(rows: Iterable[Row]) -> None:
+            _write_online(rows, settings, prefix, ttl, name)
+
+        batch.foreachPartition(write)
+
+
+def _write_online(
+    rows: Iterable[Any], settings: RedisSettings, prefix: str, ttl: int, spec_name: str
+) -> None:
+    client = make_redis(settings)
+    try:
+        set_if_newer = client.register_script(_SET_IF_NEWER)
+        pipe = client.pipeline(transaction=False)
+        pending = 0
+        for row in rows:
+            end_ms = int(row.window_end.timestamp() * 1000)
+            value = json.dumps(
+                {
+                    "window_key": row.window_key,
+                    # Spark hands timestamps over as naive local times.
+                    "window_start": row.window_start.astimezone(UTC).isoformat(),
+                    "window_end": row.window_end.astimezone(UTC).isoformat(),
+                    "unit": row.unit,
+                    "count": row["count"],
+                    "mean": row.mean,
+                    "min": row.min,
+                    "max": row.max,
+                    "stddev": row.stddev,
+                    "last": row.last,
+                    "p50": row.p50,
+                    "p95": row.p95,
+                    "error_rate": row.error_rate,
+                }
+            )
+            field = redis_field(row.metric, row.path, spec_name)
+            set_if_newer(
+                keys=[f"{prefix}{row.entity_id}"], args=[field, end_ms, value, ttl], client=pipe
+            )
+            pending += 1
+            if pending >= 500:
+                pipe.execute()
+                pending = 0
+        if pending:
+            pipe.execute()
+    finally:
+        client.close()

@@ -1,0 +1,112 @@
+"""svc_transform end to end: real Kafka, Spark and Redis, the job as its own process."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.bus.producer import BusProducer
+from shared.contracts.aistack.v1 import events_pb2, features_pb2
+from shared.redis_client import make_redis
+from tests.infra import Infra, wait_until
+from tests.integration.transform_job import TransformJob, TransformTopics, read_topic
+
+pytestmark = pytest.mark.timeout(300)
+
+T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+QUERY = '{query="windows-tumbling-10s"}'
+
+
+def reading(entity: str, seconds: float, value: float) -> events_pb2.CleanEvent:
+    event = events_pb2.CleanEvent(event_id=f"{entity}-{seconds}", entity_id=entity)
+    event.event_time.FromDatetime(T0 + timedelta(seconds=seconds))
+    event.sensor_reading.device_id = entity
+    event.sensor_reading.measurements.add(metric="temperature", value=value, unit="degC")
+    return event
+
+
+@pytest.fixture
+def topics(infra: Infra, unique: str) -> TransformTopics:
+    created = TransformTopics.unique(unique)
+    created.create(infra.kafka)
+    return created
+
+
+@pytest.fixture
+def producer(infra: Infra) -> Iterator[BusProducer]:
+    made = BusProducer(infra.kafka, source="tests")
+    yield made
+    made.flush()
+
+
+def publish(producer: BusProducer, topic: str, events: list[events_pb2.CleanEvent]) -> None:
+    for event in events:
+        producer.publish(topic, event, key=event.entity_id)
+    producer.flush()
+
+
+def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
+    infra: Infra, topics: TransformTopics, producer: BusProducer, tmp_path: Path, spark: Any
+) -> None:
+    job = TransformJob(infra, topics, tmp_path / "job")
+    try:
+        first = [(7, 22.0), (1, 20.0), (5, 27.0)]  # out of order, inside the watermark
+        publish(producer, topics.clean, [reading("t-1", s, v) for s, v in first])
+        publish(producer, topics.clean, [reading("t-1", 12, 30.0)])
+        producer.publish_raw(topics.clean, b"\x00 not a CleanEvent", key=b"t-1")
+        # The clock: pushes the watermark to T0+35 s, closing both windows of t-1.
+        publish(producer, topics.clean, [reading("clock", 40, 0.0)])
+
+        windows = [
+            features_pb2.FeatureWindow.FromString(v)
+            for v in read_topic(infra.kafka, topics.features, wanted=2, timeout=180)
+        ]
+        assert len(windows) == 2, job.log_text()[-3000:]
+        by_start = {w.window_start.ToDatetime(tzinfo=UTC): w for w in windows}
+        values = [v for _, v in first]
+        w = by_start[T0]
+        assert (w.entity_id, w.metric, w.unit, w.count) == ("t-1", "temperature", "degC", 3)
+        assert (w.min, w.max, w.last) == (20.0, 27.0, 22.0)  # last by event time
+        assert w.mean == pytest.approx(statistics.mean(values))
+        assert w.stddev == pytest.approx(statistics.stdev(values))
+        assert w.window_size.seconds == 10
+        assert by_start[T0 + timedelta(seconds=10)].count == 1
+
+        # Beyond the watermark: dropped, counted; its window stays as it was.
+        publish(producer, topics.clean, [reading("t-1", 3, 99.0)])
+        wait_until(
+            lambda: job.counter("transform_late_rows_dropped_total", QUERY) >= 1,
+            60,
+            "the late event was not counted",
+        )
+        assert "late.dropped" in job.log_text()
+
+        letters = [
+            events_pb2.DeadLetter.FromString(v)
+            for v in read_topic(infra.kafka, topics.dlq, wanted=1, timeout=60)
+        ]
+        assert [(d.reason, d.original_value) for d in letters] == [
+            ("undecodable", b"\x00 not a CleanEvent")
+        ]
+        assert letters[0].source.topic == topics.clean
+
+        assert job.terminate() == 0
+        assert "transform.stopped" in job.log_text()
+    finally:
+        job.close()
+
+    stored = spark.read.parquet(str(job.offline_dir)).where("entity_id = 't-1'").collect()
+    assert sorted((r["count"], r.mean) for r in stored) == [(1, 30.0), (3, statistics.mean(values))]
+    # Partitioned by date and metric (the date partition reads back as a date).
+    assert {(str(r.date), r.metric) for r in stored} == {("2026-11-22", "temperature")}
+
+    online = make_redis(infra.redis).hgetall(f"{topics.redis_prefix}t-1")
+    latest = json.loads(online[b"temperature@tumbling-10s"])
+    assert (latest["count"], latest["mean"]) == (1, 30.0)
+    assert latest["window_end"] == (T0 + timedelta(seconds=20)).isoformat()

@@ -1,0 +1,132 @@
+"""``python -m svc_transform`` as a real process, and what it wrote, for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer
+
+from shared.bus.topics import TOPICS_BY_NAME, TopicSpec, ensure_topics
+from shared.contracts.aistack.v1 import events_pb2, features_pb2
+from shared.settings import KafkaSettings
+from tests.infra import Infra, free_port
+
+
+@dataclass(frozen=True)
+class TransformTopics:
+    clean: str
+    features: str
+    dlq: str
+    redis_prefix: str
+
+    @classmethod
+    def unique(cls, suffix: str) -> TransformTopics:
+        return cls(
+            f"clean.{suffix}", f"features.{suffix}", f"dlq.{suffix}", f"test:{suffix}:features:"
+        )
+
+    def create(self, kafka: KafkaSettings) -> None:
+        ensure_topics(
+            kafka,
+            [
+                TopicSpec(self.clean, events_pb2.CleanEvent),
+                TopicSpec(self.features, features_pb2.FeatureWindow),
+                TopicSpec(
+                    self.dlq,
+                    events_pb2.DeadLetter,
+                    config=TOPICS_BY_NAME["aistack.events.dlq"].config,
+                ),
+            ],
+        )
+
+
+class TransformJob:
+    """The job with its own state directory (checkpoints, Parquet), log file and metrics port."""
+
+    def __init__(self, infra: Infra, topics: TransformTopics, state_dir: Path, **env: str) -> None:
+        self.metrics_port = free_port()
+        self.state_dir = state_dir
+        self.offline_dir = state_dir / "features" / "windows"
+        self.log_path = state_dir / f"transform-{self.metrics_port}.log"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "svc_transform"],
+            env={
+                **os.environ,
+                "AISTACK_KAFKA_BOOTSTRAP": infra.kafka.bootstrap,
+                "AISTACK_REDIS_URL": infra.redis.url,
+                "AISTACK_STATE_DIR": str(state_dir),
+                "AISTACK_LOG_FORMAT": "json",
+                "AISTACK_SPARK_MASTER": "local[2]",
+                "AISTACK_TRANSFORM_SOURCE_TOPIC": topics.clean,
+                "AISTACK_TRANSFORM_FEATURES_TOPIC": topics.features,
+                "AISTACK_TRANSFORM_DLQ_TOPIC": topics.dlq,
+                "AISTACK_TRANSFORM_ONLINE_KEY_PREFIX": topics.redis_prefix,
+                "AISTACK_TRANSFORM_METRICS_PORT": str(self.metrics_port),
+                "AISTACK_TRANSFORM_TRIGGER_SECONDS": "1",
+                "AISTACK_TRANSFORM_TUMBLING_WINDOW_SECONDS": "10",
+                "AISTACK_TRANSFORM_SLIDING_WINDOW_SECONDS": "0",
+                "AISTACK_TRANSFORM_WATERMARK_SECONDS": "5",
+                **env,
+            },
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def counter(self, name: str, labels: str = "") -> float:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                text = response.read().decode()
+        except OSError:
+            return 0.0
+        wanted = f"aistack_{name}{labels} "
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
+
+    def terminate(self, timeout: float = 90.0) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=30)
+        self._log.close()
+
+
+def read_topic(kafka: KafkaSettings, topic: str, *, wanted: int, timeout: float) -> list[bytes]:
+    """Values of ``topic`` from the start, once ``wanted`` arrived (or the time is up)."""
+    consumer = Consumer(
+        {
+            **kafka.client_config(),
+            "group.id": f"reader-{topic}-{time.time_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and len(values) < wanted:
+            for record in consumer.consume(100, timeout=0.5):
+                if not record.error():
+                    values.append(record.value())
+    finally:
+        consumer.close()
+    return values
