@@ -126,6 +126,7 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
             offline_path=settings.offline_path(),
             online_key_prefix=settings.online_key_prefix,
             online_ttl_seconds=settings.online_ttl_seconds,
+            on_written=metrics.windows_out.labels(f"windows-{spec.name}").inc,
         )
         query = (
             aggregate(observed, spec, settings.watermark_seconds)
@@ -147,7 +148,7 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
 
 
 class ProgressListener(StreamingQueryListener):
-    """Counts rows in, windows out and late rows dropped, from Spark's progress reports."""
+    """Counts rows in and late rows dropped, from Spark's progress reports."""
 
     def __init__(self, metrics: TransformMetrics) -> None:
         self._metrics = metrics
@@ -168,10 +169,6 @@ class ProgressListener(StreamingQueryListener):
         metrics = self._metrics
         metrics.rows_in.labels(name).inc(progress.numInputRows)
         metrics.batch_seconds.labels(name).set(progress.batchDuration / 1000)
-        if progress.sink and name.startswith("windows-"):
-            written = progress.sink.numOutputRows
-            if written and written > 0:
-                metrics.windows_out.labels(name).inc(written)
         dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
         if dropped:
             metrics.late_rows_dropped.labels(name).inc(dropped)

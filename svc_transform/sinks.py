@@ -13,7 +13,7 @@ Spark runs again after a restart has the same id and the same rows, so:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
@@ -87,8 +87,12 @@ class WindowSink:
         offline_path: str,
         online_key_prefix: str,
         online_ttl_seconds: int,
+        on_written: Callable[[int], None] = lambda count: None,
     ) -> None:
         self._spec = spec
+        # Runs in the driver: how many windows a batch wrote (Spark does not
+        # report output rows for foreachBatch).
+        self._on_written = on_written
         self._kafka_options = kafka_options(kafka)
         self._redis = redis
         self._topic = features_topic
@@ -99,11 +103,13 @@ class WindowSink:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         batch.persist()
         try:
-            if batch.isEmpty():
+            count = batch.count()
+            if not count:
                 return
             self.to_parquet(batch, batch_id)
             self.to_redis(batch)
             self.to_kafka(batch)
+            self._on_written(count)
         finally:
             batch.unpersist()
 

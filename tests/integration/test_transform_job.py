@@ -110,3 +110,46 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
     latest = json.loads(online[b"temperature@tumbling-10s"])
     assert (latest["count"], latest["mean"]) == (1, 30.0)
     assert latest["window_end"] == (T0 + timedelta(seconds=20)).isoformat()
+
+
+def test_a_killed_job_resumes_from_its_checkpoint_without_losing_or_doubling_a_window(
+    infra: Infra, topics: TransformTopics, producer: BusProducer, tmp_path: Path, spark: Any
+) -> None:
+    # One reading a second for 200 s: 20 windows of 10 readings, values 0..199.
+    events = [reading("t-k", s, float(s)) for s in range(200)]
+    state = tmp_path / "job"
+    job = TransformJob(infra, topics, state)
+    try:
+        publish(producer, topics.clean, events[:100])  # closes the first 9 windows
+        wait_until(
+            lambda: job.counter("transform_windows_out_total", QUERY) >= 3,
+            180,
+            "no window was written before the kill",
+        )
+        job.kill()
+    finally:
+        job.close()
+    publish(producer, topics.clean, [*events[100:], reading("clock", 260, 0.0)])
+
+    restarted = TransformJob(infra, topics, state)
+    try:
+        wait_until(lambda: len(read_window_keys(infra, topics)) >= 20, 180, "windows are missing")
+        assert restarted.terminate() == 0
+    finally:
+        restarted.close()
+
+    stored = spark.read.parquet(str(restarted.offline_dir)).where("entity_id = 't-k'").collect()
+    starts = sorted(r.window_start.astimezone(UTC) for r in stored)
+    assert starts == [T0 + timedelta(seconds=10 * i) for i in range(20)]  # none missing or twice
+    assert all(r["count"] == 10 for r in stored)
+    assert sorted(r.min for r in stored) == [float(10 * i) for i in range(20)]
+    online = make_redis(infra.redis).hgetall(f"{topics.redis_prefix}t-k")
+    latest = json.loads(online[b"temperature@tumbling-10s"])
+    assert latest["window_end"] == (T0 + timedelta(seconds=200)).isoformat()
+    assert (latest["count"], latest["max"]) == (10, 199.0)
+
+
+def read_window_keys(infra: Infra, topics: TransformTopics) -> set[str]:
+    values = read_topic(infra.kafka, topics.features, wanted=10_000, timeout=3)
+    windows = map(features_pb2.FeatureWindow.FromString, values)
+    return {w.window_key for w in windows if w.entity_id == "t-k"}

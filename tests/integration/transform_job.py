@@ -79,6 +79,8 @@ class TransformJob:
             },
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            # Its own process group: kill reaches Spark's JVM too, as kill -9 of a pod would.
+            start_new_session=True,
         )
 
     def log_text(self) -> str:
@@ -99,13 +101,15 @@ class TransformJob:
         return self.process.wait(timeout=timeout)
 
     def kill(self) -> None:
-        self.process.kill()
+        """kill -9 of the job and its JVM, mid-batch or not."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.process.wait(timeout=30)
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=30)
+        self.kill()
         self._log.close()
 
 
