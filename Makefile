@@ -26,11 +26,12 @@ help:
 
 setup: system-deps venv proto jars
 
-# Java (Kafka's broker), Maven (fetches its jars once) and redis-server:
-# installed from Debian's packages where we can, else one line says how.
+# Java 17 (Kafka's broker, Spark; the JDK compiles svc_transform's functions),
+# Maven (fetches the jars once) and redis-server: installed from Debian's
+# packages where we can, else one line says how.
 system-deps:
 	@missing=""; \
-	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	command -v javac >/dev/null || missing="$$missing openjdk-17-jdk-headless"; \
 	command -v mvn >/dev/null || missing="$$missing maven"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	if [ -n "$$missing" ]; then \
