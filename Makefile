@@ -79,6 +79,7 @@ lint: setup
 bench: setup
 	$(PY) bench/bus_throughput.py
 	$(PY) bench/ingest_throughput.py
+	$(PY) bench/transform_latency.py
 
 infra-up: setup
 	$(VENV)/bin/aistack infra up

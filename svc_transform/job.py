@@ -35,9 +35,11 @@ UNDECODABLE = "undecodable"
 
 
 def read_clean_events(spark: SparkSession, settings: TransformSettings) -> DataFrame:
+    reader = spark.readStream.format("kafka")
+    if settings.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
     return (
-        spark.readStream.format("kafka")
-        .options(**kafka_options(settings.kafka))
+        reader.options(**kafka_options(settings.kafka))
         .option("subscribe", settings.source_topic)
         .option("startingOffsets", settings.starting_offsets)
         .option("includeHeaders", "true")
@@ -110,7 +112,7 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
         .options(**kafka_options(settings.kafka))
         .option("topic", settings.dlq_topic)
         .option("checkpointLocation", f"{checkpoint}/{DEAD_LETTERS_QUERY}")
-        .trigger(processingTime=trigger)
+        .trigger(processingTime=f"{settings.dead_letter_trigger_seconds} seconds")
     )
     if settings.async_progress:
         # Offsets and commits are written in the background (Kafka sink only).
@@ -169,6 +171,13 @@ class ProgressListener(StreamingQueryListener):
         metrics = self._metrics
         metrics.rows_in.labels(name).inc(progress.numInputRows)
         metrics.batch_seconds.labels(name).set(progress.batchDuration / 1000)
+        log.debug(
+            "batch.progress",
+            query=name,
+            batch=progress.batchId,
+            rows=progress.numInputRows,
+            durations_ms=progress.durationMs,
+        )
         dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
         if dropped:
             metrics.late_rows_dropped.labels(name).inc(dropped)

@@ -74,10 +74,16 @@ class TransformSettings(ServiceSettings):
     # How late an event may be and still update its window.
     watermark_seconds: int = Field(default=30, ge=0)
     trigger_seconds: float = Field(default=5.0, gt=0)
+    # The dead-letter query's own interval: nobody waits on dead letters, and
+    # each of its batches decodes every record again, competing for cores.
+    dead_letter_trigger_seconds: float = Field(default=10.0, gt=0)
     # Kafka sink's asynchronous progress tracking (Spark 3.4+): offsets are
     # committed in the background, which takes them off each batch's path.
     async_progress: bool = True
     starting_offsets: Literal["earliest", "latest"] = "earliest"
+    # Most records a micro-batch reads (0: all there are); bounds a batch
+    # after downtime, as Spark's maxOffsetsPerTrigger.
+    max_offsets_per_trigger: int = Field(default=0, ge=0)
     # Where the query's checkpoint and the Parquet offline store live;
     # default: under the state directory.
     checkpoint_dir: str = ""

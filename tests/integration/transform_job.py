@@ -72,6 +72,7 @@ class TransformJob:
                 "AISTACK_TRANSFORM_ONLINE_KEY_PREFIX": topics.redis_prefix,
                 "AISTACK_TRANSFORM_METRICS_PORT": str(self.metrics_port),
                 "AISTACK_TRANSFORM_TRIGGER_SECONDS": "1",
+                "AISTACK_TRANSFORM_DEAD_LETTER_TRIGGER_SECONDS": "1",
                 "AISTACK_TRANSFORM_TUMBLING_WINDOW_SECONDS": "10",
                 "AISTACK_TRANSFORM_SLIDING_WINDOW_SECONDS": "0",
                 "AISTACK_TRANSFORM_WATERMARK_SECONDS": "5",

@@ -1,0 +1,254 @@
+"""svc_transform's latency and peak rate, against svc_ingest's peak output, same run.
+
+1. Peer: svc_ingest's peak output rate, as ``bench/ingest_throughput.py``
+   measures it (one worker as deployed, 200-byte JSON sensor events).
+2. Peak rate: the clean topic is pre-filled with CleanEvents (two metrics
+   each); the job (as deployed: tumbling 60 s and sliding 5 min windows) is
+   started on it, reading a tenth of the backlog per micro-batch, and timed
+   by its own rows-in counter from its first batch to its last. Reading a
+   backlog is the highest rate it can keep up with.
+3. Latency: events at a steady rate (1000/s from 20 devices) with event
+   time = now, 1 s tumbling windows, no watermark delay; for each window,
+   the time from the moment it could be closed (the first event at or past
+   its end was produced) to its FeatureWindow's arrival on the features
+   topic.
+
+Prints p50/p99 and, higher always better:
+
+    transform_vs_ingest_peak: ratio R (goal 1.0)
+    transform_p50_vs_1s: ratio R (goal 1.0)
+
+Needs a broker and Redis: ``aistack infra up``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import ingest_throughput  # noqa: E402
+
+from shared.bus.producer import BusProducer  # noqa: E402
+from shared.bus.topics import TopicSpec, ensure_topics  # noqa: E402
+from shared.contracts.aistack.v1 import events_pb2, features_pb2  # noqa: E402
+from shared.settings import KafkaSettings, RedisSettings, load_settings  # noqa: E402
+
+GOAL_RATIO = 1.0
+GOAL_P50_SECONDS = 1.0
+
+
+def clean_event(i: int, at: float, entities: int = 200) -> events_pb2.CleanEvent:
+    entity = f"thermo-{i % entities:04d}"
+    event = events_pb2.CleanEvent(event_id=uuid.UUID(int=i + (1 << 64)).hex, entity_id=entity)
+    event.event_time.FromNanoseconds(int(at * 1e9))
+    event.sensor_reading.device_id = entity
+    event.sensor_reading.measurements.add(metric="temperature", value=15 + i % 20, unit="degC")
+    event.sensor_reading.measurements.add(metric="humidity", value=30 + i % 50, unit="%")
+    return event
+
+
+class Job:
+    def __init__(self, kafka: KafkaSettings, suffix: str, state: Path, **env: str) -> None:
+        self.port = ingest_throughput._free_port()
+        self.clean = f"bench.clean.{suffix}"
+        self.features = f"bench.features.{suffix}"
+        ensure_topics(
+            kafka,
+            [
+                TopicSpec(self.clean, events_pb2.CleanEvent),
+                TopicSpec(self.features, features_pb2.FeatureWindow),
+                TopicSpec(f"bench.dlq.{suffix}", events_pb2.DeadLetter),
+            ],
+        )
+        self._env = {
+            **os.environ,
+            "AISTACK_KAFKA_BOOTSTRAP": kafka.bootstrap,
+            "AISTACK_REDIS_URL": load_settings(RedisSettings).url,
+            "AISTACK_STATE_DIR": str(state / suffix),
+            "AISTACK_LOG_LEVEL": os.environ.get("AISTACK_LOG_LEVEL", "WARNING"),
+            "AISTACK_TRANSFORM_SOURCE_TOPIC": self.clean,
+            "AISTACK_TRANSFORM_FEATURES_TOPIC": self.features,
+            "AISTACK_TRANSFORM_DLQ_TOPIC": f"bench.dlq.{suffix}",
+            "AISTACK_TRANSFORM_ONLINE_KEY_PREFIX": f"bench:{suffix}:",
+            "AISTACK_TRANSFORM_METRICS_PORT": str(self.port),
+            **env,
+        }
+        self._log = (state / f"transform-{suffix}.log").open("wb")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "svc_transform"],
+            cwd=ROOT,
+            env=self._env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def rows_in(self, query: str) -> float:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                text = response.read().decode()
+        except OSError:
+            return 0.0
+        wanted = f'aistack_transform_rows_in_total{{query="{query}"}} '
+        return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(wanted))
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait()
+        self._log.close()
+
+
+def peak_rate(kafka: KafkaSettings, state: Path, count: int) -> float:
+    """Rows per second the job reads from a pre-filled clean topic, as deployed."""
+    # Batches of a tenth of the backlog: the rate is read off several of them.
+    job = Job(
+        kafka,
+        uuid.uuid4().hex[:8],
+        state,
+        AISTACK_TRANSFORM_MAX_OFFSETS_PER_TRIGGER=str(max(1, count // 10)),
+    )
+    producer = BusProducer(kafka, source="bench")
+    start_at = time.time() - 3600
+    for i in range(count):
+        # An hour of events, in order: windows keep closing as it reads.
+        producer.publish(job.clean, clean_event(i, start_at + 3600 * i / count), key=None)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    producer.flush()
+    query = "windows-tumbling-60s"
+    try:
+        job.start()
+        first_at = first_n = None
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            seen = job.rows_in(query)
+            now = time.perf_counter()
+            if seen and first_at is None:
+                first_at, first_n = now, seen
+            if seen >= count and first_at is not None and first_n is not None:
+                return (seen - first_n) / (now - first_at)
+            time.sleep(0.5)
+        raise RuntimeError("the job did not read its backlog in time")
+    finally:
+        job.stop()
+
+
+def latencies(
+    kafka: KafkaSettings, state: Path, rate: int, seconds: int, entities: int
+) -> list[float]:
+    """Per window: arrival on the features topic minus when it could first close."""
+    job = Job(
+        kafka,
+        uuid.uuid4().hex[:8],
+        state,
+        AISTACK_TRANSFORM_TUMBLING_WINDOW_SECONDS="1",
+        AISTACK_TRANSFORM_SLIDING_WINDOW_SECONDS="0",
+        AISTACK_TRANSFORM_WATERMARK_SECONDS="0",
+        AISTACK_TRANSFORM_TRIGGER_SECONDS="0.2",
+        AISTACK_TRANSFORM_STARTING_OFFSETS="latest",
+    )
+    arrivals: dict[int, float] = {}  # window end (s) → first arrival
+    done = threading.Event()
+
+    def listen() -> None:
+        consumer = Consumer(
+            {
+                **kafka.client_config(),
+                "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 10,
+            }
+        )
+        consumer.subscribe([job.features])
+        while not done.is_set():
+            for record in consumer.consume(500, timeout=0.05):
+                if record.error():
+                    continue
+                now = time.time()
+                window = features_pb2.FeatureWindow.FromString(record.value())
+                arrivals.setdefault(window.window_end.seconds, now)
+        consumer.close()
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    producer = BusProducer(kafka, source="bench")
+    closers: dict[int, float] = {}  # window end (s) → produce time of its first closer
+    try:
+        job.start()
+        time.sleep(25)  # Spark's start-up and the first (empty) batches
+        begin = time.time()
+        i = 0
+        while time.time() - begin < seconds:
+            now = time.time()
+            producer.publish(job.clean, clean_event(i, now, entities), key=None)
+            closers.setdefault(int(now), now)
+            i += 1
+            time.sleep(max(0.0, begin + i / rate - time.time()))
+            if i % 1000 == 0:
+                producer.poll(0)
+        producer.flush()
+        time.sleep(10)
+    finally:
+        done.set()
+        listener.join(timeout=10)
+        job.stop()
+    # Window [t-1, t) could close once an event at or after t was produced.
+    measured = [arrivals[end] - closers[end] for end in sorted(arrivals) if end in closers]
+    return measured[2:]  # the first windows straddle the start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--count", type=int, default=300_000)
+    parser.add_argument("--rate", type=int, default=1000)
+    parser.add_argument("--seconds", type=int, default=40)
+    # Devices in the latency run: each closes two 1 s windows a second.
+    parser.add_argument("--entities", type=int, default=20)
+    args = parser.parse_args()
+    kafka = load_settings(KafkaSettings)
+    with tempfile.TemporaryDirectory(prefix="aistack-bench-") as tmp:
+        state = Path(tmp)
+        source = f"bench.raw.{uuid.uuid4().hex[:8]}"
+        ingest_throughput.fill(kafka, source, 200_000)
+        ingest = ingest_throughput.run_worker(kafka, source, 200_000, state)
+        print(f"ingest peak output: {ingest:,.0f} events/s")
+        transform = peak_rate(kafka, state, args.count)
+        print(f"transform peak: {transform:,.0f} events/s read and windowed")
+        waits = latencies(kafka, state, args.rate, args.seconds, args.entities)
+    p50 = statistics.median(waits)
+    p99 = statistics.quantiles(waits, n=100)[98] if len(waits) >= 2 else waits[0]
+    print(
+        f"latency at {args.rate} events/s from {args.entities} devices, {len(waits)} windows: "
+        f"p50 {p50:.3f} s, p99 {p99:.3f} s"
+    )
+    print(f"transform_vs_ingest_peak: ratio {transform / ingest:.2f} (goal {GOAL_RATIO})")
+    print(f"transform_p50_vs_1s: ratio {GOAL_P50_SECONDS / p50:.2f} (goal 1.0)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
