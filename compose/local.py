@@ -372,13 +372,19 @@ def _pid_running(pid: int) -> bool:
 
 
 def _is_our_process(pid: int, marker: str) -> bool:
-    if not _pid_running(pid):
-        return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return False
-    return marker in cmdline
+    # redis-server rewrites its process title as it starts: for a moment its
+    # cmdline reads empty. Read again rather than take it for someone else's.
+    for _ in range(40):
+        if not _pid_running(pid):
+            return False
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            return False
+        if cmdline.strip():
+            return marker in cmdline
+        time.sleep(0.005)
+    return False
 
 
 def _tail(path: Path, lines: int = 5) -> str:
