@@ -171,6 +171,7 @@ class ProgressListener(StreamingQueryListener):
         metrics = self._metrics
         metrics.rows_in.labels(name).inc(progress.numInputRows)
         metrics.batch_seconds.labels(name).set(progress.batchDuration / 1000)
+        metrics.busy_seconds.labels(name).inc(progress.batchDuration / 1000)
         log.debug(
             "batch.progress",
             query=name,

@@ -15,6 +15,7 @@ class TransformMetrics:
     late_rows_dropped: Counter
     windows_out: Counter
     batch_seconds: Gauge
+    busy_seconds: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> TransformMetrics:
@@ -43,6 +44,15 @@ class TransformMetrics:
             batch_seconds=Gauge(
                 "transform_batch_seconds",
                 "Duration of the last micro-batch, per query",
+                ["query"],
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
+            # rows_in / busy_seconds is the rate a query can process at,
+            # whatever its trigger interval leaves idle.
+            busy_seconds=Counter(
+                "transform_busy_seconds",
+                "Time spent in micro-batches, per query",
                 ["query"],
                 namespace=NAMESPACE,
                 registry=registry,
