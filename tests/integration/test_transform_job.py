@@ -54,7 +54,13 @@ def publish(producer: BusProducer, topic: str, events: list[events_pb2.CleanEven
 def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
     infra: Infra, topics: TransformTopics, producer: BusProducer, tmp_path: Path, spark: Any
 ) -> None:
-    job = TransformJob(infra, topics, tmp_path / "job")
+    job = TransformJob(
+        infra,
+        topics,
+        tmp_path / "job",
+        AISTACK_TRANSFORM_SLIDING_WINDOW_SECONDS="20",
+        AISTACK_TRANSFORM_SLIDING_SLIDE_SECONDS="10",
+    )
     try:
         first = [(7, 22.0), (1, 20.0), (5, 27.0)]  # out of order, inside the watermark
         publish(producer, topics.clean, [reading("t-1", s, v) for s, v in first])
@@ -63,12 +69,21 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
         # The clock: pushes the watermark to T0+35 s, closing both windows of t-1.
         publish(producer, topics.clean, [reading("clock", 40, 0.0)])
 
+        # t-1: two tumbling windows, and three 20 s windows sliding every 10 s.
         windows = [
             features_pb2.FeatureWindow.FromString(v)
-            for v in read_topic(infra.kafka, topics.features, wanted=2, timeout=180)
+            for v in read_topic(infra.kafka, topics.features, wanted=5, timeout=180)
         ]
-        assert len(windows) == 2, job.log_text()[-3000:]
-        by_start = {w.window_start.ToDatetime(tzinfo=UTC): w for w in windows}
+        assert len(windows) == 5, job.log_text()[-3000:]
+        by_start = {
+            w.window_start.ToDatetime(tzinfo=UTC): w for w in windows if w.window_size.seconds == 10
+        }
+        sliding = {
+            w.window_start.ToDatetime(tzinfo=UTC): w.count
+            for w in windows
+            if (w.window_size.seconds, w.window_slide.seconds) == (20, 10)
+        }
+        assert sliding == {T0 - timedelta(seconds=10): 3, T0: 4, T0 + timedelta(seconds=10): 1}
         values = [v for _, v in first]
         w = by_start[T0]
         assert (w.entity_id, w.metric, w.unit, w.count) == ("t-1", "temperature", "degC", 3)
@@ -101,7 +116,11 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
     finally:
         job.close()
 
-    stored = spark.read.parquet(str(job.offline_dir)).where("entity_id = 't-1'").collect()
+    stored = (
+        spark.read.parquet(str(job.offline_dir))
+        .where("entity_id = 't-1' AND window = 'tumbling-10s'")
+        .collect()
+    )
     assert sorted((r["count"], r.mean) for r in stored) == [(1, 30.0), (3, statistics.mean(values))]
     # Partitioned by date and metric (the date partition reads back as a date).
     assert {(str(r.date), r.metric) for r in stored} == {("2026-11-22", "temperature")}
@@ -110,6 +129,8 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
     latest = json.loads(online[b"temperature@tumbling-10s"])
     assert (latest["count"], latest["mean"]) == (1, 30.0)
     assert latest["window_end"] == (T0 + timedelta(seconds=20)).isoformat()
+    latest_sliding = json.loads(online[b"temperature@sliding-20s-every-10s"])
+    assert (latest_sliding["count"], latest_sliding["mean"]) == (1, 30.0)
 
 
 def test_a_killed_job_resumes_from_its_checkpoint_without_losing_or_doubling_a_window(
