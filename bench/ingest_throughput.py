@@ -170,15 +170,18 @@ def run_worker(kafka: KafkaSettings, source: str, count: int, state: Path) -> fl
 
 
 def _records_in(port: int) -> float:
+    return read_metric(port, "aistack_ingest_records_in_total")
+
+
+def read_metric(port: int, series: str) -> float:
+    """``series`` (name and labels) from a process's /metrics; 0 before it answers."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
             text = response.read().decode()
     except OSError:
         return 0.0
-    for line in text.splitlines():
-        if line.startswith("aistack_ingest_records_in_total "):
-            return float(line.split()[1])
-    return 0.0
+    wanted = f"{series} "
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
 
 
 def _free_port() -> int:

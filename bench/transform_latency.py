@@ -32,7 +32,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -103,14 +102,8 @@ class Job:
         )
 
     def counter(self, name: str, query: str) -> float:
-        url = f"http://127.0.0.1:{self.port}/metrics"
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                text = response.read().decode()
-        except OSError:
-            return 0.0
-        wanted = f'aistack_transform_{name}_total{{query="{query}"}} '
-        return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(wanted))
+        series = f'aistack_transform_{name}_total{{query="{query}"}}'
+        return ingest_throughput.read_metric(self.port, series)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

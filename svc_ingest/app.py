@@ -32,9 +32,11 @@ from faust.streams import _current_event
 from faust.types import TP, EventT, TableT
 
 from shared.bus.topics import (
+    EVENTS_CLEAN,
+    EVENTS_DLQ,
+    EVENTS_RAW,
     RAW_MAX_MESSAGE_BYTES,
     TOPICS_BY_NAME,
-    TopicSpec,
     ensure_topics,
     partition_count,
 )
@@ -85,14 +87,10 @@ def mark_clean_shutdown(settings: IngestSettings) -> None:
 
 def prepare_topics(settings: IngestSettings) -> int:
     """Create the raw, clean and dead-letter topics if missing; the raw topic's partition count."""
-    bases = {
-        settings.source_topic: "aistack.events.raw",
-        settings.clean_topic: "aistack.events.clean",
-        settings.dlq_topic: "aistack.events.dlq",
-    }
     specs = [
-        TopicSpec(name, TOPICS_BY_NAME[base].message_type, config=TOPICS_BY_NAME[base].config)
-        for name, base in bases.items()
+        TOPICS_BY_NAME[EVENTS_RAW].named(settings.source_topic),
+        TOPICS_BY_NAME[EVENTS_CLEAN].named(settings.clean_topic),
+        TOPICS_BY_NAME[EVENTS_DLQ].named(settings.dlq_topic),
     ]
     ensure_topics(settings.kafka, specs)
     return partition_count(settings.kafka, settings.source_topic)

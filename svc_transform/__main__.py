@@ -27,7 +27,13 @@ def main() -> int:
     configure_logging("svc_transform", settings.common.log_level, settings.common.log_format)
     log = get_logger("svc_transform")
 
-    from shared.bus.topics import TOPICS_BY_NAME, TopicSpec, ensure_topics
+    from shared.bus.topics import (
+        EVENTS_CLEAN,
+        EVENTS_DLQ,
+        FEATURES_WINDOWS,
+        TOPICS_BY_NAME,
+        ensure_topics,
+    )
     from svc_transform import job
     from svc_transform.metrics import TransformMetrics
     from svc_transform.spark import session
@@ -36,14 +42,9 @@ def main() -> int:
         ensure_topics(
             settings.kafka,
             [
-                TopicSpec(
-                    name, TOPICS_BY_NAME[base].message_type, config=TOPICS_BY_NAME[base].config
-                )
-                for name, base in (
-                    (settings.source_topic, "aistack.events.clean"),
-                    (settings.features_topic, "aistack.features.windows"),
-                    (settings.dlq_topic, "aistack.events.dlq"),
-                )
+                TOPICS_BY_NAME[EVENTS_CLEAN].named(settings.source_topic),
+                TOPICS_BY_NAME[FEATURES_WINDOWS].named(settings.features_topic),
+                TOPICS_BY_NAME[EVENTS_DLQ].named(settings.dlq_topic),
             ],
         )
         spark = session(settings.spark, "svc_transform", cache_dir=settings.common.cache_dir)

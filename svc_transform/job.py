@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from shared.bus.deadletter import ERROR_HEADER, SOURCE_HEADER
 from shared.log import get_logger
 from svc_transform.functions import ENCODE_DEAD_LETTER
 from svc_transform.metrics import TransformMetrics
@@ -67,8 +68,10 @@ def dead_letter_records(decoded: DataFrame) -> DataFrame:
     headers = F.concat(
         envelope_headers("aistack.v1.DeadLetter", position),
         F.array(
-            F.struct(F.lit("error").alias("key"), F.lit(UNDECODABLE).cast("binary").alias("value")),
-            F.struct(F.lit("source").alias("key"), position.cast("binary").alias("value")),
+            F.struct(
+                F.lit(ERROR_HEADER).alias("key"), F.lit(UNDECODABLE).cast("binary").alias("value")
+            ),
+            F.struct(F.lit(SOURCE_HEADER).alias("key"), position.cast("binary").alias("value")),
         ),
     )
     return failed.select(

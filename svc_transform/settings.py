@@ -27,8 +27,8 @@ class SparkSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AISTACK_SPARK_", frozen=True, extra="ignore")
 
     master: str = "local[*]"
-    # 0: the cores Spark runs on (local mode), else 2 per executor core; the
-    # default of 200 makes each micro-batch take over 13 s on 2 cores.
+    # 0: the cores of local[N], else this machine's cores (set it for a
+    # cluster); Spark's default of 200 makes a 2-core micro-batch take 13 s.
     shuffle_partitions: int = Field(default=0, ge=0, le=100_000)
     driver_memory: str = Field(default="1g", pattern=r"^[1-9][0-9]*[kmgt]$")
     # Extra Spark settings as JSON {"spark.executor.memory": "4g"}, passed as
@@ -54,7 +54,7 @@ class SparkSettings(BaseSettings):
         match = re.match(r"^local\[([0-9]+)", self.master)
         if match:
             return int(match.group(1))
-        if self.master in ("local",):
+        if self.master == "local":
             return 1
         return os.cpu_count() or 2
 

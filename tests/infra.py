@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -60,6 +61,18 @@ def wait_until(condition: Callable[[], bool], timeout: float, message: str) -> N
             return
         time.sleep(0.2)
     raise AssertionError(message)
+
+
+def metric_value(port: int, name: str, labels: str = "") -> float:
+    """``name{labels}`` from a process's Prometheus ``/metrics``; 0 before it answers."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    wanted = f"{name}{labels} "
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
 
 
 def free_port() -> int:

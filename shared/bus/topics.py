@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from confluent_kafka import KafkaError, KafkaException
@@ -45,6 +45,10 @@ class TopicSpec:
     message_type: type[Message] | None
     compacted: bool = False
     config: Mapping[str, str] = field(default_factory=dict)
+
+    def named(self, name: str) -> TopicSpec:
+        """This topic's spec under another name (a test's or a deployment's own topic)."""
+        return replace(self, name=name)
 
     def topic_config(self) -> dict[str, str]:
         return {"cleanup.policy": "compact" if self.compacted else "delete", **self.config}

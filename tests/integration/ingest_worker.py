@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from shared.contracts.aistack.v1 import events_pb2
 from shared.settings import KafkaSettings
 from svc_ingest.app import prepare_topics
 from svc_ingest.settings import IngestSettings
-from tests.infra import Infra, free_port
+from tests.infra import Infra, free_port, metric_value
 
 READY_LINE = "Worker ready"
 
@@ -105,14 +104,7 @@ class Worker:
 
     def counter(self, name: str, labels: str = "") -> float:
         """A counter's value from the worker's /metrics, e.g. ``ingest_records_in_total``."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-        wanted = f"aistack_{name}{labels} "
-        for line in text.splitlines():
-            if line.startswith(wanted):
-                return float(line.split()[-1])
-        return 0.0
+        return metric_value(self.metrics_port, f"aistack_{name}", labels)
 
     def kill(self) -> None:
         self.process.send_signal(signal.SIGKILL)

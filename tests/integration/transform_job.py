@@ -7,16 +7,20 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer
 
-from shared.bus.topics import TOPICS_BY_NAME, TopicSpec, ensure_topics
-from shared.contracts.aistack.v1 import events_pb2, features_pb2
+from shared.bus.topics import (
+    EVENTS_CLEAN,
+    EVENTS_DLQ,
+    FEATURES_WINDOWS,
+    TOPICS_BY_NAME,
+    ensure_topics,
+)
 from shared.settings import KafkaSettings
-from tests.infra import Infra, free_port
+from tests.infra import Infra, free_port, metric_value
 
 
 @dataclass(frozen=True)
@@ -36,13 +40,9 @@ class TransformTopics:
         ensure_topics(
             kafka,
             [
-                TopicSpec(self.clean, events_pb2.CleanEvent),
-                TopicSpec(self.features, features_pb2.FeatureWindow),
-                TopicSpec(
-                    self.dlq,
-                    events_pb2.DeadLetter,
-                    config=TOPICS_BY_NAME["aistack.events.dlq"].config,
-                ),
+                TOPICS_BY_NAME[EVENTS_CLEAN].named(self.clean),
+                TOPICS_BY_NAME[FEATURES_WINDOWS].named(self.features),
+                TOPICS_BY_NAME[EVENTS_DLQ].named(self.dlq),
             ],
         )
 
@@ -88,14 +88,7 @@ class TransformJob:
         return self.log_path.read_text(errors="replace")
 
     def counter(self, name: str, labels: str = "") -> float:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                text = response.read().decode()
-        except OSError:
-            return 0.0
-        wanted = f"aistack_{name}{labels} "
-        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
+        return metric_value(self.metrics_port, f"aistack_{name}", labels)
 
     def terminate(self, timeout: float = 90.0) -> int:
         self.process.send_signal(signal.SIGTERM)
