@@ -22,8 +22,16 @@ from pyspark.sql.types import (
 )
 
 DECODE_CLEAN_EVENT = "aistack_decode_clean_event"
+#: Why a record is not a usable CleanEvent (null when it is).
+CLEAN_EVENT_ERROR = "aistack_clean_event_error"
 ENCODE_FEATURE_WINDOW = "aistack_encode_feature_window"
 ENCODE_DEAD_LETTER = "aistack_encode_dead_letter"
+#: Aggregate: values to a mergeable quantile sketch (Spark's percentile_approx digest).
+SKETCH_VALUES = "aistack_sketch_values"
+#: Aggregate: sketches to the sketch of all their values.
+MERGE_SKETCHES = "aistack_merge_sketches"
+#: (sketch, fraction) to the approximate percentile.
+SKETCH_PERCENTILE = "aistack_sketch_percentile"
 
 # Field for field what DecodeCleanEvent.java returns.
 CLEAN_EVENT_SCHEMA = StructType(
@@ -68,5 +76,14 @@ def register(spark: SparkSession) -> None:
     """Make the functions callable in SQL expressions of ``spark``'s queries."""
     udf = spark.udf
     udf.registerJavaFunction(DECODE_CLEAN_EVENT, f"{_PACKAGE}.DecodeCleanEvent", CLEAN_EVENT_SCHEMA)
+    udf.registerJavaFunction(CLEAN_EVENT_ERROR, f"{_PACKAGE}.CleanEventError", StringType())
     udf.registerJavaFunction(ENCODE_FEATURE_WINDOW, f"{_PACKAGE}.EncodeFeatureWindow", BinaryType())
     udf.registerJavaFunction(ENCODE_DEAD_LETTER, f"{_PACKAGE}.EncodeDeadLetter", BinaryType())
+    udf.registerJavaFunction(SKETCH_PERCENTILE, f"{_PACKAGE}.SketchPercentile", DoubleType())
+    # Aggregators have no registerJavaFunction: the JVM side registers them.
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("the SparkContext has no JVM (stopped?)")
+    jvm.dev.aistack.transform.Aggregates.register(
+        spark._jsparkSession, SKETCH_VALUES, MERGE_SKETCHES
+    )

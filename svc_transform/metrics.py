@@ -29,7 +29,7 @@ class TransformMetrics:
             ),
             late_rows_dropped=Counter(
                 "transform_late_rows_dropped",
-                "Observations older than the watermark, dropped by a window query",
+                "Observations older than the watermark (their pane closed), dropped",
                 ["query"],
                 namespace=NAMESPACE,
                 registry=registry,

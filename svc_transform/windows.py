@@ -6,22 +6,29 @@ and on a static frame, so the arithmetic is tested without Kafka.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
-from svc_transform.functions import DECODE_CLEAN_EVENT, ENCODE_FEATURE_WINDOW
+from svc_transform.functions import (
+    DECODE_CLEAN_EVENT,
+    ENCODE_FEATURE_WINDOW,
+    MERGE_SKETCHES,
+    SKETCH_PERCENTILE,
+    SKETCH_VALUES,
+)
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame
+    from pyspark.sql import Column, DataFrame, GroupedData
 
     from svc_transform.settings import TransformSettings
 
 #: The metric of web requests; the request path is its one dimension.
 WEB_LATENCY = "http.latency_ms"
-#: Accuracy of percentile_approx: relative error about 1/10000.
-PERCENTILE_ACCURACY = 10_000
+#: What a window's statistics are per, besides the window.
+DIMENSIONS = ("entity_id", "metric", "path", "unit")
 
 
 @dataclass(frozen=True)
@@ -88,53 +95,164 @@ def observations(decoded: DataFrame) -> DataFrame:
     )
 
 
-def aggregate(observed: DataFrame, spec: WindowSpec, watermark_seconds: int) -> DataFrame:
-    """Window aggregates; on a stream a window is emitted once the watermark passes its end."""
-    window = F.window("event_time", f"{spec.size_seconds} seconds", f"{spec.slide_seconds} seconds")
-    stats = (
-        observed.withWatermark("event_time", f"{watermark_seconds} seconds")
-        .groupBy(window.alias("window"), "entity_id", "metric", "path", "unit")
-        .agg(
-            F.count(F.lit(1)).alias("count"),
-            F.avg("value").alias("mean"),
-            F.min("value").alias("min"),
-            F.max("value").alias("max"),
-            # Sample standard deviation, as pandas and Spark's stddev; 0 for one value.
-            F.coalesce(F.stddev_samp("value"), F.lit(0.0)).alias("stddev"),
-            F.max_by("value", "event_time").alias("last"),
-            F.percentile_approx(
-                "value", F.array(F.lit(0.5), F.lit(0.95)), PERCENTILE_ACCURACY
-            ).alias("percentiles"),
-            F.avg("is_error").alias("error_rate"),
-            F.max("event_time").alias("last_event_time"),
+def pane_seconds(specs: list[WindowSpec]) -> int:
+    """The largest time slice every window of every spec is made of whole."""
+    return math.gcd(*[n for spec in specs for n in (spec.size_seconds, spec.slide_seconds)])
+
+
+def aggregate(observed: DataFrame, specs: list[WindowSpec], watermark_seconds: int) -> DataFrame:
+    """Every spec's window aggregates, from one read of the events (``window``
+    names the spec); on a stream a window is emitted once the watermark passes
+    its end.
+
+    Events are summarised once per pane (``pane_seconds``) with mergeable
+    statistics: count, mean and sum of squared deviations, min, max, last,
+    and a quantile sketch. Windows merge their panes, so a 5-minute window
+    sliding every minute reads five pane summaries instead of every event
+    five times. With a single spec as long as its pane, panes are the windows.
+    """
+    pane = WindowSpec(pane_seconds(specs), pane_seconds(specs))
+    watermarked = observed.withWatermark("event_time", f"{watermark_seconds} seconds")
+    # Plain arithmetic, no array of candidate windows: this runs once per event.
+    micros = F.unix_micros("event_time")
+    pane_start = micros - F.pmod(micros, F.lit(pane.size_seconds * 1_000_000))
+    pane_window = F.struct(
+        F.timestamp_micros(pane_start).alias("start"),
+        F.timestamp_micros(pane_start + pane.size_seconds * 1_000_000).alias("end"),
+    )
+    panes = watermarked.select("*", _event_time_window(pane_window, watermark_seconds))
+    panes = panes.groupBy("window", *DIMENSIONS).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.avg("value").alias("mean"),
+        # Sum of squared deviations from the mean (Welford's, inside Spark).
+        (F.coalesce(F.var_samp("value"), F.lit(0.0)) * (F.count(F.lit(1)) - 1)).alias("m2"),
+        F.min("value").alias("min"),
+        F.max("value").alias("max"),
+        F.max_by("value", "event_time").alias("last"),
+        F.max("event_time").alias("last_event_time"),
+        F.expr(f"{SKETCH_VALUES}(value)").alias("sketch"),
+        F.sum("is_error").alias("errors"),
+        F.count("is_error").alias("error_n"),
+    )
+    if specs == [pane]:
+        return _finish(
+            panes.select(
+                "*",
+                F.lit(pane.size_seconds).cast("long").alias("size"),
+                F.lit(pane.slide_seconds).cast("long").alias("slide"),
+                F.lit(pane.name).alias("name"),
+            )
+        )
+    # Chan et al.: squared deviations about the merged mean, from each pane's
+    # (n, mean, m2); sum(m2 + n * mean^2) - n_total * mean_total^2.
+    merged = _group_into_windows(
+        panes.select("*", F.col("window.start").alias("pane_start")),
+        "pane_start",
+        specs,
+        watermark_seconds,
+    ).agg(
+        F.sum("n").alias("n"),
+        F.sum(F.col("n") * F.col("mean")).alias("total"),
+        F.sum(F.col("m2") + F.col("n") * F.col("mean") * F.col("mean")).alias("squares"),
+        F.min("min").alias("min"),
+        F.max("max").alias("max"),
+        F.max_by("last", "last_event_time").alias("last"),
+        F.max("last_event_time").alias("last_event_time"),
+        F.expr(f"{MERGE_SKETCHES}(sketch)").alias("sketch"),
+        F.sum("errors").alias("errors"),
+        F.sum("error_n").alias("error_n"),
+    )
+    mean = F.col("total") / F.col("n")
+    return _finish(
+        merged.select(
+            "*",
+            mean.alias("mean"),
+            F.greatest(F.col("squares") - F.col("n") * mean * mean, F.lit(0.0)).alias("m2"),
         )
     )
+
+
+def _group_into_windows(
+    frame: DataFrame, time_column: str, specs: list[WindowSpec], watermark_seconds: int
+) -> GroupedData:
+    """``frame`` grouped by (window, spec, entity, metric, path, unit); a row
+    goes to every window of every spec that holds its ``time_column``."""
+    # A pane's own window makes way for the windows it goes to.
+    kept = [c for c in frame.columns if c != "window"]
+    windowed = frame.select(
+        *kept,
+        F.explode(_windows_holding(time_column, specs)).alias("w"),
+    ).select("*", _event_time_window(F.struct("w.start", "w.end"), watermark_seconds))
+    return windowed.groupBy("window", "w.size", "w.slide", "w.name", *DIMENSIONS)
+
+
+def _event_time_window(start_end: Column, watermark_seconds: int) -> Column:
+    """``start_end`` as the ``window`` column a streaming aggregation can group by."""
+    # What Spark's own window() does: the window column carries the event
+    # time's watermark delay, so state is dropped (and late rows too) once the
+    # watermark passes the window's end (its second field).
+    return start_end.alias("window", metadata={_WATERMARK_DELAY_KEY: watermark_seconds * 1000})
+
+
+def _finish(windows: DataFrame) -> DataFrame:
+    """Merged window statistics to the columns the sinks write."""
     start = F.col("window.start")
-    return stats.select(
-        _window_key(spec).alias("window_key"),
+    n = F.col("n")
+    return windows.select(
+        _window_key().alias("window_key"),
         "entity_id",
         "metric",
         "path",
         "unit",
         start.alias("window_start"),
         F.col("window.end").alias("window_end"),
-        F.lit(spec.size_seconds).cast("long").alias("window_size"),
-        F.lit(spec.slide_seconds).cast("long").alias("window_slide"),
-        "count",
+        F.col("size").alias("window_size"),
+        F.col("slide").alias("window_slide"),
+        n.alias("count"),
         "mean",
         "min",
         "max",
-        "stddev",
+        # Sample standard deviation, as pandas and Spark's stddev; 0 for one value.
+        F.when(n > 1, F.sqrt(F.col("m2") / (n - 1))).otherwise(F.lit(0.0)).alias("stddev"),
         "last",
-        F.col("percentiles")[0].alias("p50"),
-        F.col("percentiles")[1].alias("p95"),
-        "error_rate",
+        F.call_udf(SKETCH_PERCENTILE, "sketch", F.lit(0.5)).alias("p50"),
+        F.call_udf(SKETCH_PERCENTILE, "sketch", F.lit(0.95)).alias("p95"),
+        (F.col("errors") / F.col("error_n")).alias("error_rate"),
         "last_event_time",
         F.date_format(start, "yyyy-MM-dd").alias("date"),
+        F.col("name").alias("window"),
     )
 
 
-def _window_key(spec: WindowSpec) -> Column:
+#: Spark's column-metadata key for an event time's watermark delay
+#: (``EventTimeWatermark.delayKey``).
+_WATERMARK_DELAY_KEY = "spark.watermarkDelayMs"
+
+
+def _windows_holding(time_column: str, specs: list[WindowSpec]) -> Column:
+    """The windows [start, end) of every spec that hold ``time_column``, as
+    Spark's window() computes them (epoch-aligned, no start offset)."""
+    micros = F.unix_micros(time_column)
+    windows = []
+    for spec in specs:
+        size, slide = spec.size_seconds * 1_000_000, spec.slide_seconds * 1_000_000
+        latest_start = micros - F.pmod(micros, F.lit(slide))
+        for k in range(-(-size // slide)):
+            start = latest_start - k * slide
+            windows.append(
+                F.struct(
+                    F.timestamp_micros(start).alias("start"),
+                    F.timestamp_micros(start + size).alias("end"),
+                    F.lit(spec.size_seconds).cast("long").alias("size"),
+                    F.lit(spec.slide_seconds).cast("long").alias("slide"),
+                    F.lit(spec.name).alias("name"),
+                    (micros < start + size).alias("holds"),
+                )
+            )
+    return F.filter(F.array(*windows), lambda w: w["holds"])
+
+
+def _window_key() -> Column:
     # The same (entity, metric, dimensions, start, size, slide) always gets the same key.
     return F.substring(
         F.sha2(
@@ -144,8 +262,8 @@ def _window_key(spec: WindowSpec) -> Column:
                 F.col("metric"),
                 F.col("path"),
                 F.col("window.start").cast("long").cast("string"),
-                F.lit(str(spec.size_seconds)),
-                F.lit(str(spec.slide_seconds)),
+                F.col("size").cast("string"),
+                F.col("slide").cast("string"),
             ),
             256,
         ),

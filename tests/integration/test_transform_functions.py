@@ -9,6 +9,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, features_pb2
 from svc_transform.functions import (
+    CLEAN_EVENT_ERROR,
     DECODE_CLEAN_EVENT,
     ENCODE_DEAD_LETTER,
     ENCODE_FEATURE_WINDOW,
@@ -58,6 +59,36 @@ def test_clean_events_decode_in_the_jvm(spark: Any) -> None:
     )
     assert garbage.error and garbage.event_id is None
     assert empty.error == "record has no value"
+
+
+def test_clean_event_error_agrees_with_the_decoder(spark: Any) -> None:
+    no_entity = events_pb2.CleanEvent(event_id="e-3")
+    no_entity.event_time.GetCurrentTime()
+    no_entity.sensor_reading.device_id = "x"
+    no_payload = events_pb2.CleanEvent(event_id="e-4", entity_id="thermo-1")
+    no_payload.event_time.GetCurrentTime()
+    values = [
+        _sensor_event(),
+        _web_event(),
+        b"\xff\x00 not protobuf",
+        None,
+        no_entity.SerializeToString(),
+        no_payload.SerializeToString(),
+    ]
+    frame = spark.createDataFrame([(v,) for v in values], ["value"])
+
+    rows = frame.selectExpr(
+        f"{CLEAN_EVENT_ERROR}(value) AS error", f"{DECODE_CLEAN_EVENT}(value).error AS decoded"
+    ).collect()
+
+    assert [r.error for r in rows] == [r.decoded for r in rows]
+    assert [r.error for r in rows][:2] == [None, None]
+    assert [r.error for r in rows][3:] == [
+        "record has no value",
+        "CleanEvent has no entity_id",
+        "CleanEvent has neither a sensor reading nor a web request",
+    ]
+    assert rows[2].error.startswith("not an aistack.v1.CleanEvent")
 
 
 def test_feature_windows_encode_in_the_jvm(spark: Any) -> None:

@@ -20,7 +20,7 @@ from tests.integration.transform_job import TransformJob, TransformTopics, read_
 pytestmark = pytest.mark.timeout(300)
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
-QUERY = '{query="windows-tumbling-10s"}'
+QUERY = '{query="windows"}'
 
 
 def reading(entity: str, seconds: float, value: float) -> events_pb2.CleanEvent:

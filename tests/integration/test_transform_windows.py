@@ -47,7 +47,7 @@ def test_tumbling_windows_have_exact_statistics(spark: Any) -> None:
     values.append(sensor("t-1", T0 + timedelta(seconds=65), second[0]))
     values.append(b"\x00garbage")  # not a CleanEvent: no observation
 
-    rows = aggregate(observations(decode(frame(spark, values))), WindowSpec(60, 60), 30)
+    rows = aggregate(observations(decode(frame(spark, values))), [WindowSpec(60, 60)], 30)
     got = {r.window_start.astimezone(UTC): r for r in rows.collect()}
 
     assert set(got) == {T0, T0 + timedelta(minutes=1)}
@@ -66,7 +66,7 @@ def test_tumbling_windows_have_exact_statistics(spark: Any) -> None:
 def test_sliding_windows_count_each_event_in_every_window_it_falls_in(spark: Any) -> None:
     values = [sensor("t-2", T0 + timedelta(seconds=s), 1.0) for s in (0, 70, 130)]
 
-    rows = aggregate(observations(decode(frame(spark, values))), WindowSpec(120, 60), 0)
+    rows = aggregate(observations(decode(frame(spark, values))), [WindowSpec(120, 60)], 0)
     counts = {r.window_start.astimezone(UTC): r["count"] for r in rows.collect()}
 
     assert counts == {
@@ -77,6 +77,71 @@ def test_sliding_windows_count_each_event_in_every_window_it_falls_in(spark: Any
     }
 
 
+def test_tumbling_and_sliding_windows_come_from_one_aggregation(spark: Any) -> None:
+    values = [sensor("t-2", T0 + timedelta(seconds=s), float(s)) for s in (0, 70, 130)]
+    specs = [WindowSpec(60, 60), WindowSpec(120, 60)]
+
+    rows = aggregate(observations(decode(frame(spark, values))), specs, 0).collect()
+    got = {(r.window, r.window_start.astimezone(UTC)): r for r in rows}
+
+    minute = timedelta(minutes=1)
+    assert {k: r["count"] for k, r in got.items()} == {
+        ("tumbling-60s", T0): 1,
+        ("tumbling-60s", T0 + minute): 1,
+        ("tumbling-60s", T0 + 2 * minute): 1,
+        ("sliding-120s-every-60s", T0 - minute): 1,
+        ("sliding-120s-every-60s", T0): 2,
+        ("sliding-120s-every-60s", T0 + minute): 2,
+        ("sliding-120s-every-60s", T0 + 2 * minute): 1,
+    }
+    both = got[("sliding-120s-every-60s", T0 + minute)]
+    assert (both.min, both.max, both.last, both.window_size, both.window_slide) == (
+        70.0,
+        130.0,
+        130.0,
+        120,
+        60,
+    )
+    assert both.window_end.astimezone(UTC) == T0 + 3 * minute
+    # Same entity, metric and start, different spec: different keys.
+    assert got[("tumbling-60s", T0)].window_key != got[("sliding-120s-every-60s", T0)].window_key
+
+
+def test_sliding_window_statistics_merge_exactly_over_its_panes(spark: Any) -> None:
+    # Three one-minute panes, uneven counts, all in one 3-minute window.
+    values = [3.0, 4.0, 8.0, 100.0, 101.0, 7.5, 9.25, 11.0, 2.0]
+    seconds = [1, 20, 59, 61, 62, 125, 130, 140, 179]
+    events = [
+        sensor("t-4", T0 + timedelta(seconds=s), v) for s, v in zip(seconds, values, strict=True)
+    ]
+
+    rows = aggregate(observations(decode(frame(spark, events))), [WindowSpec(180, 60)], 0)
+    whole = {r.window_start.astimezone(UTC): r for r in rows.collect()}[T0]
+
+    assert (whole["count"], whole.min, whole.max, whole.last) == (9, 2.0, 101.0, 2.0)
+    assert abs(whole.mean - statistics.mean(values)) < 1e-9
+    assert abs(whole.stddev - statistics.stdev(values)) < 1e-9
+    # percentile_approx's answer: the smallest value with that share at or below it.
+    ordered = sorted(values)
+    assert whole.p50 == ordered[4] and whole.p95 == ordered[8]
+
+
+def test_merged_sketches_keep_percentile_approx_accuracy(spark: Any) -> None:
+    # 9,000 distinct values spread over three panes of one 3-minute window.
+    count = 9_000
+    values = [float((i * 7_919) % count) for i in range(count)]  # a permutation of 0..8999
+    events = [
+        sensor("t-5", T0 + timedelta(seconds=i * 180 / count), v) for i, v in enumerate(values)
+    ]
+
+    rows = aggregate(observations(decode(frame(spark, events))), [WindowSpec(180, 60)], 0)
+    whole = {r.window_start.astimezone(UTC): r for r in rows.collect()}[T0]
+
+    assert whole["count"] == count
+    # Relative rank error 1/10000: within one value of the exact ones here.
+    assert abs(whole.p50 - 4_499) <= 1 and abs(whole.p95 - 8_549) <= 1
+
+
 def test_web_requests_give_latency_and_error_rate_per_host_and_path(spark: Any) -> None:
     values = [
         web("web-1", T0 + timedelta(seconds=1), "/a", 200, 10.0),
@@ -85,7 +150,7 @@ def test_web_requests_give_latency_and_error_rate_per_host_and_path(spark: Any) 
         web("web-1", T0 + timedelta(seconds=4), "/b", 200, 5.0),
     ]
 
-    rows = aggregate(observations(decode(frame(spark, values))), WindowSpec(60, 60), 30)
+    rows = aggregate(observations(decode(frame(spark, values))), [WindowSpec(60, 60)], 30)
     by_path = {r.path: r for r in rows.collect()}
 
     a = by_path["/a"]
@@ -96,7 +161,7 @@ def test_web_requests_give_latency_and_error_rate_per_host_and_path(spark: Any) 
 
 def test_aggregates_encode_as_feature_windows(spark: Any) -> None:
     values = [web("web-1", T0, "/a", 503, 10.0), sensor("t-3", T0, 5.0)]
-    rows = aggregate(observations(decode(frame(spark, values))), WindowSpec(60, 60), 30)
+    rows = aggregate(observations(decode(frame(spark, values))), [WindowSpec(60, 60)], 30)
 
     encoded = [bytes(r.v) for r in rows.select(feature_window_bytes().alias("v")).collect()]
 

@@ -32,24 +32,47 @@ public final class DecodeCleanEvent implements UDF1<byte[], Row> {
   private static final Descriptor REQUEST = WEB.getMessageType();
   private static final Descriptor TIMESTAMP = EVENT_TIME.getMessageType();
 
-  @Override
-  public Row call(byte[] value) {
+  /** Why a record is not a CleanEvent svc_transform can use. */
+  static final class Invalid extends Exception {
+    private static final long serialVersionUID = 1L;
+
+    Invalid(String reason) {
+      super(reason, null, false, false);
+    }
+  }
+
+  /** The record as a CleanEvent with what the windows need, or why not. */
+  static DynamicMessage parseValid(byte[] value) throws Invalid {
     if (value == null) {
-      return failed("record has no value");
+      throw new Invalid("record has no value");
     }
     DynamicMessage event;
     try {
       event = DynamicMessage.parseFrom(EVENT, value);
     } catch (InvalidProtocolBufferException e) {
-      return failed("not an aistack.v1.CleanEvent: " + e.getMessage());
+      throw new Invalid("not an aistack.v1.CleanEvent: " + e.getMessage());
     }
     if (!event.hasField(EVENT_TIME)) {
-      return failed("CleanEvent has no event_time");
+      throw new Invalid("CleanEvent has no event_time");
+    }
+    if (((String) event.getField(ENTITY_ID)).isEmpty()) {
+      throw new Invalid("CleanEvent has no entity_id");
+    }
+    if (!event.hasField(SENSOR) && !event.hasField(WEB)) {
+      throw new Invalid("CleanEvent has neither a sensor reading nor a web request");
+    }
+    return event;
+  }
+
+  @Override
+  public Row call(byte[] value) {
+    DynamicMessage event;
+    try {
+      event = parseValid(value);
+    } catch (Invalid e) {
+      return failed(e.getMessage());
     }
     String entity = (String) event.getField(ENTITY_ID);
-    if (entity.isEmpty()) {
-      return failed("CleanEvent has no entity_id");
-    }
     Timestamp eventTime = timestamp((DynamicMessage) event.getField(EVENT_TIME));
     String kind;
     List<Row> measurements = new ArrayList<>();
@@ -63,7 +86,7 @@ public final class DecodeCleanEvent implements UDF1<byte[], Row> {
             RowFactory.create(
                 get(m, MEASUREMENT, "metric"), get(m, MEASUREMENT, "value"), get(m, MEASUREMENT, "unit")));
       }
-    } else if (event.hasField(WEB)) {
+    } else {
       kind = "web";
       DynamicMessage r = (DynamicMessage) event.getField(WEB);
       web =
@@ -73,8 +96,6 @@ public final class DecodeCleanEvent implements UDF1<byte[], Row> {
               get(r, REQUEST, "path"),
               ((Integer) get(r, REQUEST, "status")).longValue(),
               get(r, REQUEST, "latency_ms"));
-    } else {
-      return failed("CleanEvent has neither a sensor reading nor a web request");
     }
     return RowFactory.create(
         event.getField(EVENT_ID), entity, eventTime, kind, measurements, web, null);

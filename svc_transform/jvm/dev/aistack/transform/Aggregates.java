@@ -1,0 +1,15 @@
+package dev.aistack.transform;
+
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.functions;
+
+/** Registers the aggregate functions, which pyspark cannot register from a class name. */
+public final class Aggregates {
+  private Aggregates() {}
+
+  public static void register(SparkSession spark, String sketchValues, String mergeSketches) {
+    spark.udf().register(sketchValues, functions.udaf(new SketchValues(), Encoders.DOUBLE()));
+    spark.udf().register(mergeSketches, functions.udaf(new MergeSketches(), Encoders.BINARY()));
+  }
+}
