@@ -11,7 +11,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),$(HOME)/.local/bin/uv)
 VENV := .venv
 PY := $(VENV)/bin/python
 # Optional dependency groups installed by `make setup` (see pyproject.toml).
-EXTRAS ?= dev ingest transform
+EXTRAS ?= dev ingest transform tuner
 STAMPS := .setup-stamps
 PROTOS := $(shell find proto -name '*.proto')
 
@@ -74,7 +74,7 @@ test-integration: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy shared compose loadgen svc_ingest svc_transform
+	$(VENV)/bin/mypy shared compose loadgen svc_ingest svc_transform svc_tuner
 
 bench: setup
 	$(PY) bench/bus_throughput.py

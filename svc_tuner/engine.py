@@ -1,0 +1,420 @@
+"""The tuning engine: Optuna's ask-and-tell on a storage in Redis, made safe to
+crash and to repeat.
+
+Everything the tuner knows lives in Optuna's journal storage (studies, trials,
+parameters, intermediate values) plus a few attributes of ours (spec, study
+state, attempts, last report time, errors). A new ``Engine`` on the same Redis
+carries on where a killed one stopped. Every method is idempotent: a report
+applied twice, or an ``ask`` repeated after a crash, changes nothing more.
+
+The engine does not touch Kafka: it returns what to publish (``Outcome``) and
+records that it was published (``mark_published``), so a tuner killed between
+the two publishes again on restart rather than losing a request.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from google.protobuf.duration_pb2 import Duration
+from optuna.storages import BaseStorage, JournalStorage
+from optuna.storages.journal import JournalRedisBackend
+from optuna.trial import FrozenTrial
+from optuna.trial import TrialState as OptunaState
+
+from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
+from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+from shared.errors import AlreadyExists, NotFound
+from shared.redis_client import make_redis
+from shared.settings import RedisSettings
+from svc_tuner import spec as specs
+
+# Study attributes.
+_SPEC = "aistack:spec"
+_STOPPED = "aistack:stopped"
+_CREATED = "aistack:created"
+_QUARANTINED = "aistack:quarantined"
+# Trial attributes (set while the trial runs: Optuna freezes finished trials).
+_ATTEMPT = "aistack:attempt"
+_PUBLISHED = "aistack:published"  # the attempt last published on the bus
+_SEEN = "aistack:last_seen"  # epoch seconds of the last report or request
+_RUNNING = "aistack:running"  # a trainer has reported
+_ERRORS = "aistack:errors"
+_TRAINER = "aistack:trainer"
+_OUTCOME = "aistack:outcome"  # "quarantined" or "skipped" for failed trials
+_METRICS = "aistack:metrics"
+_MODEL = "aistack:model"
+
+DEFAULT_TRIAL_TIMEOUT_SECONDS = 600.0
+HEARTBEAT_FRACTION = 4  # trainers beat four times per timeout
+
+
+def redis_storage(settings: RedisSettings, prefix: str) -> JournalStorage:
+    """Optuna's journal storage on Redis, with our connection settings (password, TLS)."""
+    with warnings.catch_warnings():
+        # "experimental" since Optuna 3.1; the interface is pinned with Optuna.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return JournalStorage(_RedisJournal(settings, prefix))
+
+
+class _RedisJournal(JournalRedisBackend):
+    # Optuna builds its client from the URL alone; ours adds the password and CA.
+    def __init__(self, settings: RedisSettings, prefix: str) -> None:
+        super().__init__(settings.url, prefix=prefix)
+        self._settings = settings
+        self._redis = make_redis(settings)
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        self.__dict__.update(state)
+        self._redis = make_redis(self._settings)
+
+
+def trial_id(study_id: str, number: int) -> str:
+    return f"{study_id}/{number}"
+
+
+def parse_trial_id(value: str) -> tuple[str, int]:
+    study_id, _, number = value.rpartition("/")
+    if not study_id or not number.isdigit():
+        raise NotFound(f"no trial {value!r}: trial ids are <study>/<number>")
+    return study_id, int(number)
+
+
+@dataclass
+class Outcome:
+    """What a call decided: trial requests and control messages to publish,
+    and the trials that changed (for watchers)."""
+
+    requests: list[tuning_pb2.TrialRequested] = field(default_factory=list)
+    controls: list[tuning_pb2.TrialControl] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+
+    def extend(self, other: Outcome) -> None:
+        self.requests += other.requests
+        self.controls += other.controls
+        self.changed += other.changed
+
+
+class Engine:
+    def __init__(self, storage: BaseStorage, *, clock: Any = time.time) -> None:
+        self._storage = storage
+        self._clock = clock
+        self._studies: dict[str, optuna.Study] = {}
+
+    # ---- studies ----
+
+    def create_study(self, spec: tuning_pb2.StudySpec) -> tuple[str, bool]:
+        """The study's id and whether it is new; the same name with the same
+        spec is the same study, with another spec it is AlreadyExists."""
+        specs.validate(spec)
+        encoded = base64.b64encode(spec.SerializeToString(deterministic=True)).decode()
+        try:
+            existing = self._storage.get_study_id_from_name(spec.name)
+        except KeyError:
+            existing = None
+        if existing is not None:
+            if self._storage.get_study_user_attrs(existing).get(_SPEC) != encoded:
+                raise AlreadyExists(f"study {spec.name!r} exists with another spec")
+            return spec.name, False
+        study = optuna.create_study(
+            storage=self._storage,
+            study_name=spec.name,
+            direction=specs.direction(spec),
+            sampler=specs.sampler(spec),
+            pruner=specs.pruner(spec),
+        )
+        study.set_user_attr(_CREATED, self._clock())
+        # Written last: a study without its spec is one a crash cut short.
+        study.set_user_attr(_SPEC, encoded)
+        self._studies[spec.name] = study
+        return spec.name, True
+
+    def study_ids(self) -> list[str]:
+        return [s.study_name for s in optuna.get_all_study_summaries(self._storage)]
+
+    def spec(self, study_id: str) -> tuning_pb2.StudySpec:
+        encoded = self._study(study_id).user_attrs.get(_SPEC)
+        if encoded is None:
+            raise NotFound(f"no study {study_id!r}")
+        return tuning_pb2.StudySpec.FromString(base64.b64decode(encoded))
+
+    def stop(self, study_id: str) -> Outcome:
+        """No new trials; trials in flight are told to stop and recorded as failed."""
+        study = self._study(study_id)
+        study.set_user_attr(_STOPPED, True)
+        outcome = Outcome()
+        for trial in self._in_flight(study):
+            outcome.controls.append(
+                self._control(study_id, trial, tuning_pb2.CONTROL_ACTION_STOP, "study stopped")
+            )
+            self._finish(study, trial, OptunaState.FAIL, errors=["study stopped"])
+            outcome.changed.append(trial_id(study_id, trial.number))
+        return outcome
+
+    def state(self, study_id: str) -> int:
+        study = self._study(study_id)
+        if study.user_attrs.get(_STOPPED):
+            return api.STUDY_STATE_STOPPED
+        if not self._in_flight(study) and self._budget_left(study, self.spec(study_id)) == 0:
+            return api.STUDY_STATE_COMPLETED
+        return api.STUDY_STATE_RUNNING
+
+    # ---- trials out ----
+
+    def ask(self, study_id: str) -> Outcome:
+        """Fill the study up to ``max_parallel`` trials in flight, within its budget;
+        plus any request recorded but not yet marked published (after a crash)."""
+        spec = self.spec(study_id)
+        study = self._study(study_id)
+        outcome = Outcome()
+        in_flight = self._in_flight(study)
+        for trial in in_flight:
+            if trial.user_attrs.get(_PUBLISHED) != trial.user_attrs.get(_ATTEMPT):
+                outcome.requests.append(self._request(spec, trial))
+        if study.user_attrs.get(_STOPPED):
+            return outcome
+        quarantined = study.user_attrs.get(_QUARANTINED, [])
+        room = min(spec.budget.max_parallel - len(in_flight), self._budget_left(study, spec))
+        skipped = 0
+        while room > 0 and skipped < 100:
+            asked = study.ask(specs.distributions(spec))
+            if _key(asked.params) in quarantined:
+                # Kept out of the rest of the study, and not counted against it.
+                asked.set_user_attr(_OUTCOME, "skipped")
+                study.tell(asked, state=OptunaState.FAIL)
+                skipped += 1
+                continue
+            asked.set_user_attr(_ATTEMPT, 1)
+            asked.set_user_attr(_SEEN, self._clock())
+            frozen = self._storage.get_trial(asked._trial_id)
+            outcome.requests.append(self._request(spec, frozen))
+            outcome.changed.append(trial_id(study_id, asked.number))
+            room -= 1
+        return outcome
+
+    def mark_published(self, request: tuning_pb2.TrialRequested) -> None:
+        study_id, number = parse_trial_id(request.trial_id)
+        trial = self._trial(study_id, number)
+        if not trial.state.is_finished():
+            self._storage.set_trial_user_attr(trial._trial_id, _PUBLISHED, request.attempt)
+
+    # ---- reports in ----
+
+    def apply(self, report: tuning_pb2.TrialReport) -> Outcome:
+        """Apply one report. Repeats, reports of an earlier attempt (except a
+        result) and reports on finished trials change nothing."""
+        study_id, number = parse_trial_id(report.trial_id)
+        if study_id != report.study_id:
+            raise NotFound(f"trial {report.trial_id!r} is not in study {report.study_id!r}")
+        study = self._study(study_id)
+        trial = self._trial(study_id, number)
+        outcome = Outcome()
+        if trial.state.is_finished():
+            return outcome
+        event = report.WhichOneof("event")
+        current = trial.user_attrs.get(_ATTEMPT, 1)
+        if report.attempt < current and event != "completed":
+            return outcome
+        tid = trial._trial_id
+        self._storage.set_trial_user_attr(tid, _SEEN, self._clock())
+        if report.trainer_id:
+            self._storage.set_trial_user_attr(tid, _TRAINER, report.trainer_id)
+        self._storage.set_trial_user_attr(tid, _RUNNING, True)
+        outcome.changed.append(report.trial_id)
+        if event == "progress":
+            step, value = report.progress.step, report.progress.value
+            if step not in trial.intermediate_values:
+                self._storage.set_trial_intermediate_value(tid, step, value)
+            frozen = self._storage.get_trial(tid)
+            if study.pruner.prune(study, frozen):
+                outcome.controls.append(
+                    self._control(study_id, frozen, tuning_pb2.CONTROL_ACTION_PRUNE, "pruned", step)
+                )
+                self._finish(study, frozen, OptunaState.PRUNED)
+        elif event == "completed":
+            done = report.completed
+            self._storage.set_trial_user_attr(tid, _METRICS, dict(done.metrics))
+            self._storage.set_trial_user_attr(tid, _MODEL, [done.model_name, done.model_version])
+            self._finish(study, trial, OptunaState.COMPLETE, value=done.value)
+        elif event == "pruned":
+            self._finish(study, trial, OptunaState.PRUNED)
+        elif event == "failed":
+            failure = report.failed
+            error = f"attempt {report.attempt}: {failure.reason}: {failure.message}"
+            outcome.extend(self._retry_or_quarantine(study_id, trial, error, failure.retryable))
+        return outcome
+
+    def find_lost(self, study_id: str) -> Outcome:
+        """Trials with no report within the trial timeout: requested again (same
+        parameters, next attempt) or, out of attempts, quarantined."""
+        spec = self.spec(study_id)
+        timeout = _seconds(spec.budget.trial_timeout) or DEFAULT_TRIAL_TIMEOUT_SECONDS
+        now = self._clock()
+        outcome = Outcome()
+        for trial in self._in_flight(self._study(study_id)):
+            if now - trial.user_attrs.get(_SEEN, now) > timeout:
+                error = f"attempt {trial.user_attrs.get(_ATTEMPT, 1)}: no report for {timeout:g} s"
+                outcome.extend(self._retry_or_quarantine(study_id, trial, error, retryable=True))
+        return outcome
+
+    # ---- views ----
+
+    def trials(self, study_id: str) -> list[FrozenTrial]:
+        return [
+            t
+            for t in self._study(study_id).get_trials(deepcopy=False)
+            if t.user_attrs.get(_OUTCOME) != "skipped"
+        ]
+
+    def trial_state(self, trial: FrozenTrial) -> int:
+        if trial.state == OptunaState.RUNNING:
+            running = trial.user_attrs.get(_RUNNING)
+            return api.TRIAL_STATE_RUNNING if running else api.TRIAL_STATE_REQUESTED
+        if trial.state == OptunaState.FAIL and trial.user_attrs.get(_OUTCOME) == "quarantined":
+            return api.TRIAL_STATE_QUARANTINED
+        return {
+            OptunaState.COMPLETE: api.TRIAL_STATE_COMPLETED,
+            OptunaState.PRUNED: api.TRIAL_STATE_PRUNED,
+            OptunaState.FAIL: api.TRIAL_STATE_FAILED,
+        }.get(trial.state, api.TRIAL_STATE_UNSPECIFIED)
+
+    def best(self, study_id: str) -> FrozenTrial | None:
+        complete = [t for t in self.trials(study_id) if t.state == OptunaState.COMPLETE]
+        if not complete:
+            return None
+        maximize = self.spec(study_id).objective.direction == common_pb2.DIRECTION_MAXIMIZE
+        chooser = max if maximize else min
+        return chooser(complete, key=lambda t: float(t.value or 0.0))
+
+    def counts(self, study_id: str) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for trial in self.trials(study_id):
+            name = api.TrialState.Name(self.trial_state(trial)).removeprefix("TRIAL_STATE_")
+            counts[name.lower()] = counts.get(name.lower(), 0) + 1
+        return counts
+
+    # ---- inside ----
+
+    def _study(self, study_id: str) -> optuna.Study:
+        study = self._studies.get(study_id)
+        if study is not None:
+            return study
+        try:
+            self._storage.get_study_id_from_name(study_id)
+        except KeyError:
+            raise NotFound(f"no study {study_id!r}") from None
+        study = optuna.load_study(storage=self._storage, study_name=study_id)
+        encoded = study.user_attrs.get(_SPEC)
+        if encoded is None:
+            raise NotFound(f"no study {study_id!r}")
+        spec = tuning_pb2.StudySpec.FromString(base64.b64decode(encoded))
+        study.sampler = specs.sampler(spec)
+        study.pruner = specs.pruner(spec)
+        self._studies[study_id] = study
+        return study
+
+    def _trial(self, study_id: str, number: int) -> FrozenTrial:
+        study = self._study(study_id)
+        try:
+            tid = self._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+        except KeyError:
+            raise NotFound(f"no trial {trial_id(study_id, number)!r}") from None
+        return self._storage.get_trial(tid)
+
+    def _in_flight(self, study: optuna.Study) -> list[FrozenTrial]:
+        return study.get_trials(deepcopy=False, states=(OptunaState.RUNNING,))
+
+    def _budget_left(self, study: optuna.Study, spec: tuning_pb2.StudySpec) -> int:
+        limit = _seconds(spec.budget.time_limit)
+        if limit and self._clock() - study.user_attrs.get(_CREATED, 0) > limit:
+            return 0
+        counted = [t for t in study.get_trials(deepcopy=False) if not _skipped(t)]
+        return max(0, spec.budget.max_trials - len(counted))
+
+    def _retry_or_quarantine(
+        self, study_id: str, trial: FrozenTrial, error: str, retryable: bool
+    ) -> Outcome:
+        spec = self.spec(study_id)
+        study = self._study(study_id)
+        outcome = Outcome(changed=[trial_id(study_id, trial.number)])
+        errors = [*trial.user_attrs.get(_ERRORS, []), error]
+        attempt = trial.user_attrs.get(_ATTEMPT, 1)
+        tid = trial._trial_id
+        if retryable and attempt < specs.max_attempts(spec):
+            self._storage.set_trial_user_attr(tid, _ERRORS, errors)
+            self._storage.set_trial_user_attr(tid, _ATTEMPT, attempt + 1)
+            self._storage.set_trial_user_attr(tid, _SEEN, self._clock())
+            self._storage.set_trial_user_attr(tid, _RUNNING, False)
+            outcome.requests.append(self._request(spec, self._storage.get_trial(tid)))
+            return outcome
+        quarantined = [*study.user_attrs.get(_QUARANTINED, []), _key(trial.params)]
+        study.set_user_attr(_QUARANTINED, quarantined)
+        self._finish(study, trial, OptunaState.FAIL, errors=[error], outcome="quarantined")
+        return outcome
+
+    def _finish(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: OptunaState,
+        *,
+        value: float | None = None,
+        errors: Iterable[str] = (),
+        outcome: str | None = None,
+    ) -> None:
+        tid = trial._trial_id
+        if errors:
+            previous = self._storage.get_trial(tid).user_attrs.get(_ERRORS, [])
+            self._storage.set_trial_user_attr(tid, _ERRORS, [*previous, *errors])
+        if outcome:
+            self._storage.set_trial_user_attr(tid, _OUTCOME, outcome)
+        # A pruned trial's value is its last intermediate one: Optuna fills it in.
+        study.tell(trial.number, value if state == OptunaState.COMPLETE else None, state=state)
+
+    def _request(self, spec: tuning_pb2.StudySpec, trial: FrozenTrial) -> tuning_pb2.TrialRequested:
+        timeout = _seconds(spec.budget.trial_timeout) or DEFAULT_TRIAL_TIMEOUT_SECONDS
+        request = tuning_pb2.TrialRequested(
+            trial_id=trial_id(spec.name, trial.number),
+            study_id=spec.name,
+            trial_number=trial.number,
+            task=spec.task,
+            objective=spec.objective,
+            attempt=trial.user_attrs.get(_ATTEMPT, 1),
+            heartbeat_interval=Duration(seconds=max(1, int(timeout / HEARTBEAT_FRACTION))),
+        )
+        for name, value in trial.params.items():
+            request.params[name].CopyFrom(specs.param_value(value))
+        request.requested_time.FromSeconds(int(self._clock()))
+        if spec.HasField("seed"):
+            request.seed = spec.seed + trial.number
+        return request
+
+    def _control(
+        self, study_id: str, trial: FrozenTrial, action: int, reason: str, step: int = 0
+    ) -> tuning_pb2.TrialControl:
+        return tuning_pb2.TrialControl(
+            trial_id=trial_id(study_id, trial.number),
+            study_id=study_id,
+            action=action,  # type: ignore[arg-type]
+            reason=reason,
+            step=step,
+        )
+
+
+def _key(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True)
+
+
+def _skipped(trial: FrozenTrial) -> bool:
+    return trial.user_attrs.get(_OUTCOME) == "skipped"
+
+
+def _seconds(duration: Duration) -> float:
+    return duration.ToNanoseconds() / 1e9
