@@ -102,6 +102,18 @@ class Outcome:
         self.changed += other.changed
 
 
+@dataclass(frozen=True)
+class TrialDetails:
+    """What the engine keeps about a trial beside Optuna's own fields."""
+
+    attempts: int
+    errors: list[str]
+    trainer_id: str
+    metrics: dict[str, float]
+    model_name: str
+    model_version: str
+
+
 class Engine:
     def __init__(self, storage: BaseStorage, *, clock: Any = time.time) -> None:
         self._storage = storage
@@ -265,6 +277,24 @@ class Engine:
         return outcome
 
     # ---- views ----
+
+    def created(self, study_id: str) -> float:
+        return float(self._study(study_id).user_attrs.get(_CREATED, 0.0))
+
+    def trial(self, study_id: str, number: int) -> FrozenTrial:
+        return self._trial(study_id, number)
+
+    def details(self, trial: FrozenTrial) -> TrialDetails:
+        attrs = trial.user_attrs
+        model = attrs.get(_MODEL) or ["", ""]
+        return TrialDetails(
+            attempts=attrs.get(_ATTEMPT, 1),
+            errors=list(attrs.get(_ERRORS, [])),
+            trainer_id=attrs.get(_TRAINER, ""),
+            metrics=dict(attrs.get(_METRICS, {})),
+            model_name=model[0],
+            model_version=model[1],
+        )
 
     def trials(self, study_id: str) -> list[FrozenTrial]:
         return [

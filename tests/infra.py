@@ -16,6 +16,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from confluent_kafka import Consumer
+
 from compose.local import LocalStack
 from compose.settings import InfraSettings
 from shared.settings import CommonSettings, KafkaSettings, RedisSettings
@@ -133,3 +135,26 @@ def _local(state_dir: Path) -> Iterator[Infra]:
         )
     finally:
         stack.down()
+
+
+def read_topic(kafka: KafkaSettings, topic: str, *, wanted: int, timeout: float) -> list[bytes]:
+    """Values of ``topic`` from the start, once ``wanted`` arrived (or the time is up)."""
+    consumer = Consumer(
+        {
+            **kafka.client_config(),
+            "group.id": f"reader-{topic}-{time.time_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and len(values) < wanted:
+            for record in consumer.consume(100, timeout=0.5):
+                if not record.error():
+                    values.append(record.value())
+    finally:
+        consumer.close()
+    return values

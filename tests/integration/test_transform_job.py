@@ -14,8 +14,8 @@ import pytest
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import events_pb2, features_pb2
 from shared.redis_client import make_redis
-from tests.infra import Infra, wait_until
-from tests.integration.transform_job import TransformJob, TransformTopics, read_topic
+from tests.infra import Infra, read_topic, wait_until
+from tests.integration.transform_job import TransformJob, TransformTopics
 
 pytestmark = pytest.mark.timeout(300)
 

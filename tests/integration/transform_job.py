@@ -6,11 +6,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from confluent_kafka import Consumer
 
 from shared.bus.topics import (
     EVENTS_CLEAN,
@@ -105,26 +102,3 @@ class TransformJob:
     def close(self) -> None:
         self.kill()
         self._log.close()
-
-
-def read_topic(kafka: KafkaSettings, topic: str, *, wanted: int, timeout: float) -> list[bytes]:
-    """Values of ``topic`` from the start, once ``wanted`` arrived (or the time is up)."""
-    consumer = Consumer(
-        {
-            **kafka.client_config(),
-            "group.id": f"reader-{topic}-{time.time_ns()}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([topic])
-    values: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline and len(values) < wanted:
-            for record in consumer.consume(100, timeout=0.5):
-                if not record.error():
-                    values.append(record.value())
-    finally:
-        consumer.close()
-    return values

@@ -1,0 +1,31 @@
+"""svc_tuner's Prometheus metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
+
+from shared.metrics import NAMESPACE
+
+
+@dataclass(frozen=True)
+class TunerMetrics:
+    reports: Counter
+    trials_requested: Counter
+    controls: Counter
+    dead_letters: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry = REGISTRY) -> TunerMetrics:
+        def counter(name: str, help_text: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, help_text, labels, namespace=NAMESPACE, registry=registry)
+
+        return cls(
+            reports=counter("tuner_reports", "Trial reports read"),
+            trials_requested=counter(
+                "tuner_trials_requested", "Trial requests published, first or again", ("attempt",)
+            ),
+            controls=counter("tuner_controls", "Control messages published", ("action",)),
+            dead_letters=counter("tuner_dead_letters", "Reports dead-lettered", ("reason",)),
+        )

@@ -1,0 +1,204 @@
+"""The tuner at work: the engine on the bus.
+
+One thread owns the engine (Optuna's study objects are not thread-safe, and
+every call is a Redis round trip): gRPC handlers, the report consumer and the
+periodic tick all hand it their work. What the engine decides is published
+(trial requests keyed by trial id, control messages) and flushed before it is
+marked published, and a report batch's offsets are committed only after its
+outcome is flushed: a tuner killed anywhere re-sends or re-reads, and the
+engine's idempotence absorbs the repeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from shared.bus.consumer import BusConsumer, Record
+from shared.bus.deadletter import dead_letter, dead_letter_headers, from_undecodable
+from shared.bus.producer import BusProducer
+from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+from shared.contracts.aistack.v1 import tuning_pb2
+from shared.errors import NotFound, UndecodableRecord
+from shared.log import get_logger
+from svc_tuner.engine import Engine, Outcome
+from svc_tuner.metrics import TunerMetrics
+from svc_tuner.settings import TunerSettings
+
+SERVICE = "svc_tuner"
+UNKNOWN_TRIAL = "unknown_trial"
+
+log = get_logger(SERVICE)
+
+T = TypeVar("T")
+
+
+class Tuner:
+    def __init__(
+        self,
+        settings: TunerSettings,
+        engine: Engine,
+        producer: BusProducer,
+        metrics: TunerMetrics,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self._producer = producer
+        self._metrics = metrics
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuner-engine")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watchers: dict[str, set[asyncio.Queue[str]]] = defaultdict(set)
+
+    # ---- for the gRPC layer ----
+
+    async def call(self, work: Callable[..., T], *args: Any) -> T:
+        """Run ``work(*args)`` in the engine's thread."""
+        self._loop = asyncio.get_running_loop()
+        return await self._loop.run_in_executor(self._executor, work, *args)
+
+    def create_study(self, spec: tuning_pb2.StudySpec) -> tuple[str, bool]:
+        study_id, created = self.engine.create_study(spec)
+        if created:
+            log.info("study.created", study=study_id, trials=spec.budget.max_trials)
+        self._publish(self.engine.ask(study_id))
+        return study_id, created
+
+    def stop_study(self, study_id: str) -> None:
+        self._publish(self.engine.stop(study_id))
+        log.info("study.stopped", study=study_id)
+
+    def watch(self, study_id: str) -> asyncio.Queue[str]:
+        """A queue of the ids of the study's trials as they change."""
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        self._watchers[study_id].add(queue)
+        return queue
+
+    def unwatch(self, study_id: str, queue: asyncio.Queue[str]) -> None:
+        self._watchers[study_id].discard(queue)
+
+    # ---- the loops ----
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Consume reports and tick until ``stopping`` is set."""
+        self._loop = asyncio.get_running_loop()
+        finished = threading.Event()
+        consumer = threading.Thread(
+            target=self._consume, args=(finished,), name="tuner-reports", daemon=True
+        )
+        consumer.start()
+        try:
+            while not stopping.is_set():
+                await self.call(self._tick)
+                try:
+                    await asyncio.wait_for(stopping.wait(), self.settings.tick_seconds)
+                except TimeoutError:
+                    pass
+        finally:
+            finished.set()
+            await asyncio.to_thread(consumer.join, 30)
+            self._executor.shutdown(wait=True)
+
+    def _consume(self, finished: threading.Event) -> None:
+        consumer: BusConsumer[tuning_pb2.TrialReport] = BusConsumer(
+            self.settings.kafka,
+            group_id=self.settings.group_id,
+            topics=[self.settings.reports_topic],
+            message_cls=tuning_pb2.TrialReport,
+        )
+        try:
+            while not finished.is_set():
+                records = consumer.poll_batch(500, timeout=0.2)
+                if not records:
+                    continue
+                self._executor.submit(self._apply_reports, records).result()
+                consumer.commit(records)
+        except Exception:
+            log.exception("reports.failed")
+            raise
+        finally:
+            consumer.close()
+
+    def _apply_reports(self, records: list[Record[tuning_pb2.TrialReport]]) -> None:
+        touched: set[str] = set()
+        outcome = Outcome()
+        for record in records:
+            self._metrics.reports.inc()
+            try:
+                report = record.decode()
+            except UndecodableRecord as error:
+                self._dead_letter(from_undecodable(error, service=SERVICE))
+                continue
+            try:
+                outcome.extend(self.engine.apply(report))
+            except NotFound as error:
+                self._dead_letter(
+                    dead_letter(
+                        reason=UNKNOWN_TRIAL,
+                        message=error.message,
+                        service=SERVICE,
+                        topic=record.topic,
+                        partition=record.partition,
+                        offset=record.offset,
+                        value=record.value,
+                        key=record.key,
+                        headers=record.headers,
+                    )
+                )
+                continue
+            touched.add(report.study_id)
+        for study_id in touched:
+            # A finished trial frees a slot.
+            outcome.extend(self.engine.ask(study_id))
+        self._publish(outcome)
+
+    def _tick(self) -> None:
+        for study_id in self.engine.study_ids():
+            try:
+                if self.engine.state(study_id) != api.STUDY_STATE_RUNNING:
+                    continue
+            except NotFound:
+                continue  # created by a tuner that died before writing its spec
+            outcome = self.engine.find_lost(study_id)
+            outcome.extend(self.engine.ask(study_id))
+            self._publish(outcome)
+
+    # ---- out ----
+
+    def _publish(self, outcome: Outcome) -> None:
+        settings = self.settings
+        for request in outcome.requests:
+            self._producer.publish(settings.trials_topic, request, key=request.trial_id)
+            attempt = "first" if request.attempt == 1 else "again"
+            self._metrics.trials_requested.labels(attempt).inc()
+        for control in outcome.controls:
+            self._producer.publish(settings.control_topic, control, key=control.trial_id)
+            action = tuning_pb2.ControlAction.Name(control.action).removeprefix("CONTROL_ACTION_")
+            self._metrics.controls.labels(action.lower()).inc()
+        if outcome.requests or outcome.controls:
+            self._producer.flush()
+        for request in outcome.requests:
+            self.engine.mark_published(request)
+        self._notify(outcome.changed)
+
+    def _dead_letter(self, letter: Any) -> None:
+        self._metrics.dead_letters.labels(letter.reason).inc()
+        self._producer.publish(
+            self.settings.dlq_topic,
+            letter,
+            key=letter.original_key or None,
+            extra_headers=dead_letter_headers(letter),
+        )
+        log.warning("report.dead_lettered", reason=letter.reason, message=letter.message)
+
+    def _notify(self, changed: list[str]) -> None:
+        loop = self._loop
+        if loop is None or not changed:
+            return
+        for trial in changed:
+            study_id = trial.rpartition("/")[0]
+            for queue in list(self._watchers.get(study_id, ())):
+                loop.call_soon_threadsafe(queue.put_nowait, trial)

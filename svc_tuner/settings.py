@@ -1,0 +1,42 @@
+"""svc_tuner's settings: ``AISTACK_TUNER_*`` and the shared ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from shared.bus.topics import EVENTS_DLQ, TUNING_CONTROL, TUNING_REPORTS, TUNING_TRIALS
+from shared.rpc.server import ServerOptions
+from shared.settings import ServiceSettings
+
+
+class TunerSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="AISTACK_TUNER_", frozen=True, extra="ignore")
+
+    grpc_address: str = "0.0.0.0:50051"
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    # Clients must present a certificate signed by this CA (mutual TLS).
+    tls_client_ca_file: Path | None = None
+    auth_token: SecretStr | None = None
+    trials_topic: str = TUNING_TRIALS
+    reports_topic: str = TUNING_REPORTS
+    control_topic: str = TUNING_CONTROL
+    dlq_topic: str = EVENTS_DLQ
+    group_id: str = "svc_tuner"
+    # Key prefix of Optuna's journal in Redis (one per tuner deployment).
+    storage_prefix: str = Field(default="aistack:tuner", min_length=1)
+    # How often studies are topped up and checked for lost trials.
+    tick_seconds: float = Field(default=1.0, gt=0, le=60)
+    metrics_port: int = Field(default=9104, ge=0, le=65535)
+
+    def server_options(self) -> ServerOptions:
+        return ServerOptions(
+            address=self.grpc_address,
+            tls_cert_file=self.tls_cert_file,
+            tls_key_file=self.tls_key_file,
+            tls_client_ca_file=self.tls_client_ca_file,
+            auth_token=self.auth_token.get_secret_value() if self.auth_token else None,
+        )
