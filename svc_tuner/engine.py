@@ -180,16 +180,23 @@ class Engine:
 
     # ---- trials out ----
 
+    def unsent(self, study_id: str) -> Outcome:
+        """Requests recorded but not marked published: a tuner stopped between
+        the two, or a publish that failed. Sending them again is safe (trainers
+        take a trial id and attempt once)."""
+        spec = self.spec(study_id)
+        outcome = Outcome()
+        for trial in self._in_flight(self._study(study_id)):
+            if trial.user_attrs.get(_PUBLISHED) != trial.user_attrs.get(_ATTEMPT):
+                outcome.requests.append(self._request(spec, trial))
+        return outcome
+
     def ask(self, study_id: str) -> Outcome:
-        """Fill the study up to ``max_parallel`` trials in flight, within its budget;
-        plus any request recorded but not yet marked published (after a crash)."""
+        """Fill the study up to ``max_parallel`` trials in flight, within its budget."""
         spec = self.spec(study_id)
         study = self._study(study_id)
         outcome = Outcome()
         in_flight = self._in_flight(study)
-        for trial in in_flight:
-            if trial.user_attrs.get(_PUBLISHED) != trial.user_attrs.get(_ATTEMPT):
-                outcome.requests.append(self._request(spec, trial))
         if study.user_attrs.get(_STOPPED):
             return outcome
         quarantined = study.user_attrs.get(_QUARANTINED, [])

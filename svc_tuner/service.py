@@ -162,7 +162,9 @@ class Tuner:
                     continue
             except NotFound:
                 continue  # created by a tuner that died before writing its spec
-            outcome = self.engine.find_lost(study_id)
+            # In this order: a request made below is not "unsent" yet.
+            outcome = self.engine.unsent(study_id)
+            outcome.extend(self.engine.find_lost(study_id))
             outcome.extend(self.engine.ask(study_id))
             self._publish(outcome)
 

@@ -196,9 +196,10 @@ def test_a_restarted_engine_continues_the_study(
     assert len(unsent) == 1
 
     restarted = Engine(redis_storage(infra.redis, f"test-tuner:{unique}"), clock=clock)
-    again = restarted.ask(study_id).requests
+    again = restarted.unsent(study_id).requests
 
     assert [(r.trial_id, r.attempt) for r in again] == [(unsent[0].trial_id, 1)]
+    assert restarted.ask(study_id).requests == []  # already max_parallel in flight
     assert restarted.counts(study_id) == {"completed": 1, "requested": 3}
     spec = restarted.spec(study_id)
     assert restarted.create_study(spec) == (study_id, False)
@@ -220,3 +221,30 @@ def test_stopping_a_study_stops_its_trials(engine: tuple[Engine, Clock, str]) ->
     assert tuner.ask(study_id).requests == []
     with pytest.raises(NotFound):
         tuner.spec("no-such-study")
+
+
+def _best_of(tuner: Engine, spec: tuning_pb2.StudySpec) -> float:
+    study_id, _ = tuner.create_study(spec)
+    while tuner.state(study_id) == api.STUDY_STATE_RUNNING:
+        for request in publish(tuner, tuner.ask(study_id)):
+            tuner.apply(completed(request, quadratic(request)))
+    best = tuner.best(study_id)
+    assert best is not None and best.value is not None
+    return best.value
+
+
+def test_tpe_beats_random_search_over_several_seeds(infra: Infra, unique: str) -> None:
+    tuner = Engine(redis_storage(infra.redis, f"test-tuner:{unique}"))
+    results: dict[int, list[float]] = {}
+    for kind in (tuning_pb2.SAMPLER_KIND_TPE, tuning_pb2.SAMPLER_KIND_RANDOM):
+        for seed in (1, 2, 3, 4):
+            spec = specs.load_spec(QUADRATIC.format(unique=f"{unique}-{kind}-{seed}"))
+            spec.sampler.kind = kind
+            spec.seed = seed
+            spec.budget.max_trials = 30
+            spec.budget.max_parallel = 1
+            results.setdefault(kind, []).append(_best_of(tuner, spec))
+
+    tpe, random = results[tuning_pb2.SAMPLER_KIND_TPE], results[tuning_pb2.SAMPLER_KIND_RANDOM]
+    assert sum(tpe) < sum(random)
+    assert sum(t < r for t, r in zip(tpe, random, strict=True)) >= 3

@@ -16,7 +16,7 @@ from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 from shared.rpc.client import open_channel
 from svc_tuner import spec as specs
-from tests.infra import Infra, read_topic
+from tests.infra import Infra, read_topic, wait_until
 from tests.integration.tuner_service import AnalyticTrainer, TunerProcess, TunerTopics
 
 SPEC = """
@@ -163,3 +163,125 @@ def test_bad_reports_are_dead_lettered(
     assert len(letters) == 2 and "unknown_trial" in {letter.reason for letter in letters}
     assert {letter.source.topic for letter in letters} == {topics.reports}
     assert b"\x00 not a report" in {letter.original_value for letter in letters}
+
+
+def _run_study(target: str, spec: tuning_pb2.StudySpec) -> list[api.Trial]:
+    async def scenario() -> list[api.Trial]:
+        await _wait_ready(target)
+        async with open_channel(target) as channel:
+            stub = TunerServiceStub(channel)
+            created = await stub.CreateStudy(api.CreateStudyRequest(spec=spec))
+            await _watch_to_the_end(stub, created.study.study_id)
+            listed = await stub.ListTrials(api.ListTrialsRequest(study_id=spec.name))
+            return list(listed.trials)
+
+    return asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "pruner",
+    [
+        "{kind: PRUNER_KIND_MEDIAN, startup_trials: 2}",
+        "{kind: PRUNER_KIND_SUCCESSIVE_HALVING, min_resource: 1, reduction_factor: 2}",
+    ],
+)
+def test_clearly_worse_trials_get_prune_messages(
+    infra: Infra, topics: TunerTopics, tuner: TunerProcess, unique: str, pruner: str
+) -> None:
+    spec = specs.load_spec(
+        SPEC.format(unique=unique, trials=5)
+        + f"pruner: {pruner}\nbudget: {{max_trials: 5, max_parallel: 1}}\ntask: "
+        "{dataset: analytic, framework: FRAMEWORK_TORCH, epochs: 3}\n"
+    )
+
+    def objective(request: tuning_pb2.TrialRequested) -> float:
+        # The first three trials are good, the rest a hundred times worse.
+        return 1.0 if request.trial_number < 3 else 100.0
+
+    trainer = AnalyticTrainer(
+        infra.kafka, topics, group=f"trainers-{unique}", epochs=3, objective=objective
+    ).start()
+    try:
+        trials = _run_study(tuner.target, spec)
+    finally:
+        trainer.stop()
+
+    states = {t.number: t.state for t in trials}
+    assert states == {
+        0: api.TRIAL_STATE_COMPLETED,
+        1: api.TRIAL_STATE_COMPLETED,
+        2: api.TRIAL_STATE_COMPLETED,
+        3: api.TRIAL_STATE_PRUNED,
+        4: api.TRIAL_STATE_PRUNED,
+    }
+    controls = [
+        tuning_pb2.TrialControl.FromString(v)
+        for v in read_topic(infra.kafka, topics.control, wanted=2, timeout=30)
+    ]
+    assert sorted((c.trial_id, c.action) for c in controls) == [
+        (f"{spec.name}/3", tuning_pb2.CONTROL_ACTION_PRUNE),
+        (f"{spec.name}/4", tuning_pb2.CONTROL_ACTION_PRUNE),
+    ]
+
+
+def test_lost_trials_are_requested_again_and_poison_is_quarantined(
+    infra: Infra, topics: TunerTopics, tuner: TunerProcess, unique: str
+) -> None:
+    spec = specs.load_spec(
+        SPEC.format(unique=unique, trials=4)
+        + "budget: {max_trials: 4, max_parallel: 2, trial_timeout: 2s, max_attempts: 2}\n"
+    )
+    trainer = AnalyticTrainer(
+        infra.kafka,
+        topics,
+        group=f"trainers-{unique}",
+        # Trial 0's first trainer dies; trial 1 fails every time.
+        vanish=lambda r: r.trial_number == 0 and r.attempt == 1,
+        failure=lambda r: (
+            tuning_pb2.TrialFailed(reason="diverged", message="loss is nan", retryable=True)
+            if r.trial_number == 1
+            else None
+        ),
+    ).start()
+    try:
+        trials = _run_study(tuner.target, spec)
+    finally:
+        trainer.stop()
+
+    by_number = {t.number: t for t in trials}
+    assert by_number[0].state == api.TRIAL_STATE_COMPLETED and by_number[0].attempts == 2
+    assert by_number[1].state == api.TRIAL_STATE_QUARANTINED
+    assert list(by_number[1].errors) == [
+        "attempt 1: diverged: loss is nan",
+        "attempt 2: diverged: loss is nan",
+    ]
+    asked = sorted((r.trial_number, r.attempt) for r in trainer.received if r.trial_number < 2)
+    assert asked == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert len(trials) == 4
+
+
+def test_a_tuner_killed_mid_study_is_restarted_and_finishes_it(
+    infra: Infra, topics: TunerTopics, tuner: TunerProcess, unique: str, tmp_path: Path
+) -> None:
+    spec = specs.load_spec(SPEC.format(unique=unique, trials=10))
+    trainer = AnalyticTrainer(infra.kafka, topics, group=f"trainers-{unique}").start()
+
+    async def create() -> None:
+        await _wait_ready(tuner.target)
+        async with open_channel(tuner.target) as channel:
+            await TunerServiceStub(channel).CreateStudy(api.CreateStudyRequest(spec=spec))
+
+    restarted = None
+    try:
+        asyncio.run(create())
+        wait_until(lambda: len(trainer.completed) >= 4, 60, "four trials trained")
+        tuner.kill()  # kill -9, mid-study
+        restarted = TunerProcess(infra, topics, f"test-tuner:{unique}", tmp_path)
+        trials = _run_study(restarted.target, spec)  # CreateStudy again: the same study
+    finally:
+        trainer.stop()
+        if restarted is not None:
+            restarted.close()
+
+    assert sorted(t.number for t in trials) == list(range(10))
+    assert {t.state for t in trials} == {api.TRIAL_STATE_COMPLETED}

@@ -120,6 +120,8 @@ class AnalyticTrainer:
     failure: Callable[[tuning_pb2.TrialRequested], tuning_pb2.TrialFailed | None] = (
         lambda request: None
     )
+    # True: the trainer "dies" on this request (no report at all).
+    vanish: Callable[[tuning_pb2.TrialRequested], bool] = lambda request: False
     received: list[tuning_pb2.TrialRequested] = field(default_factory=list)
     completed: list[str] = field(default_factory=list)
     max_in_flight: int = 0
@@ -171,6 +173,8 @@ class AnalyticTrainer:
             )
             producer.publish(self.topics.reports, report, key=request.study_id)
 
+        if self.vanish(request):
+            return
         failure = self.failure(request)
         if failure is not None:
             send(failed=failure)
