@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from compose import study
 from shared.errors import AistackError
 from shared.settings import load_settings
 
@@ -71,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     produce.add_argument("--seed", help="random seed (default: random, printed at the end)")
     produce.add_argument("--topic", help="target topic (default: aistack.events.raw)")
     produce.set_defaults(run=_produce)
+    study.add_parser(commands)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))

@@ -40,6 +40,7 @@ async def serve(settings: TunerSettings) -> int:
         TOPICS_BY_NAME,
         TUNING_CONTROL,
         TUNING_REPORTS,
+        TUNING_RESULTS,
         TUNING_TRIALS,
         ensure_topics,
     )
@@ -56,6 +57,7 @@ async def serve(settings: TunerSettings) -> int:
             TOPICS_BY_NAME[TUNING_TRIALS].named(settings.trials_topic),
             TOPICS_BY_NAME[TUNING_REPORTS].named(settings.reports_topic),
             TOPICS_BY_NAME[TUNING_CONTROL].named(settings.control_topic),
+            TOPICS_BY_NAME[TUNING_RESULTS].named(settings.results_topic),
             TOPICS_BY_NAME[EVENTS_DLQ].named(settings.dlq_topic),
         ],
     )

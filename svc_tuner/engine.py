@@ -41,6 +41,7 @@ _SPEC = "aistack:spec"
 _STOPPED = "aistack:stopped"
 _CREATED = "aistack:created"
 _QUARANTINED = "aistack:quarantined"
+_ANNOUNCED = "aistack:announced"
 # Trial attributes (set while the trial runs: Optuna freezes finished trials).
 _ATTEMPT = "aistack:attempt"
 _PUBLISHED = "aistack:published"  # the attempt last published on the bus
@@ -282,6 +283,35 @@ class Engine:
                 error = f"attempt {trial.user_attrs.get(_ATTEMPT, 1)}: no report for {timeout:g} s"
                 outcome.extend(self._retry_or_quarantine(study_id, trial, error, retryable=True))
         return outcome
+
+    # ---- results ----
+
+    def unannounced_result(self, study_id: str) -> tuning_pb2.StudyResult | None:
+        """The study's result once it has ended, until ``mark_announced``."""
+        study = self._study(study_id)
+        if study.user_attrs.get(_ANNOUNCED) or self.state(study_id) == api.STUDY_STATE_RUNNING:
+            return None
+        spec = self.spec(study_id)
+        result = tuning_pb2.StudyResult(
+            study_id=study_id,
+            objective=spec.objective,
+            stopped=bool(study.user_attrs.get(_STOPPED)),
+            trial_counts=self.counts(study_id),
+        )
+        result.end_time.FromSeconds(int(self._clock()))
+        best = self.best(study_id)
+        if best is not None:
+            details = self.details(best)
+            result.best_trial_id = trial_id(study_id, best.number)
+            result.best_value = float(best.value or 0.0)
+            result.best_model_name = details.model_name
+            result.best_model_version = details.model_version
+            for name, value in best.params.items():
+                result.best_params[name].CopyFrom(specs.param_value(value))
+        return result
+
+    def mark_announced(self, study_id: str) -> None:
+        self._study(study_id).set_user_attr(_ANNOUNCED, True)
 
     # ---- views ----
 

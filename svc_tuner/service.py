@@ -159,6 +159,7 @@ class Tuner:
         for study_id in self.engine.study_ids():
             try:
                 if self.engine.state(study_id) != api.STUDY_STATE_RUNNING:
+                    self._announce(study_id)
                     continue
             except NotFound:
                 continue  # created by a tuner that died before writing its spec
@@ -169,6 +170,22 @@ class Tuner:
             self._publish(outcome)
 
     # ---- out ----
+
+    def _announce(self, study_id: str) -> None:
+        result = self.engine.unannounced_result(study_id)
+        if result is None:
+            return
+        self._producer.publish(self.settings.results_topic, result, key=study_id)
+        self._producer.flush()
+        self.engine.mark_announced(study_id)
+        log.info(
+            "study.ended",
+            study=study_id,
+            stopped=result.stopped,
+            best_value=result.best_value if result.HasField("best_value") else None,
+            best_trial=result.best_trial_id,
+            trials=dict(result.trial_counts),
+        )
 
     def _publish(self, outcome: Outcome) -> None:
         settings = self.settings

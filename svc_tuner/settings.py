@@ -7,7 +7,13 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from shared.bus.topics import EVENTS_DLQ, TUNING_CONTROL, TUNING_REPORTS, TUNING_TRIALS
+from shared.bus.topics import (
+    EVENTS_DLQ,
+    TUNING_CONTROL,
+    TUNING_REPORTS,
+    TUNING_RESULTS,
+    TUNING_TRIALS,
+)
 from shared.rpc.server import ServerOptions
 from shared.settings import ServiceSettings
 
@@ -24,6 +30,7 @@ class TunerSettings(ServiceSettings):
     trials_topic: str = TUNING_TRIALS
     reports_topic: str = TUNING_REPORTS
     control_topic: str = TUNING_CONTROL
+    results_topic: str = TUNING_RESULTS
     dlq_topic: str = EVENTS_DLQ
     group_id: str = "svc_tuner"
     # Key prefix of Optuna's journal in Redis (one per tuner deployment).

@@ -1,9 +1,9 @@
-"""Study specs: loading (YAML or JSON), validation, and the Optuna objects a
-spec stands for.
+"""Study specs: validation, and the Optuna objects a spec stands for.
 
-A spec arrives as ``aistack.v1.StudySpec`` (gRPC) or as a YAML/JSON file in
-the same shape (the CLI). ``validate`` raises ``SpecError`` naming the first
-field that is wrong, which the gRPC layer returns as INVALID_ARGUMENT.
+A spec arrives as ``aistack.v1.StudySpec`` over gRPC (the CLI reads it from
+YAML or JSON: ``compose.study.load_spec``). ``validate`` raises ``SpecError``
+naming the first field that is wrong, which the gRPC layer returns as
+INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 
 import optuna
 import yaml
-from google.protobuf import json_format
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
@@ -44,20 +43,6 @@ class SpecError(InvalidArgument):
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")
         self.field = field
-
-
-def load_spec(text: str) -> tuning_pb2.StudySpec:
-    """A StudySpec from YAML or JSON text (field names as in the proto, or camelCase)."""
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise InvalidArgument(f"spec is not YAML or JSON: {error}") from error
-    if not isinstance(document, dict):
-        raise InvalidArgument("spec must be a mapping of StudySpec fields")
-    try:
-        return json_format.ParseDict(document, tuning_pb2.StudySpec())
-    except json_format.ParseError as error:
-        raise InvalidArgument(f"spec does not match StudySpec: {error}") from error
 
 
 def validate(spec: tuning_pb2.StudySpec) -> None:

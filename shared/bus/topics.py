@@ -28,6 +28,7 @@ FEATURES_WINDOWS = "aistack.features.windows"
 TUNING_TRIALS = "aistack.tuning.trials"
 TUNING_REPORTS = "aistack.tuning.reports"
 TUNING_CONTROL = "aistack.tuning.control"
+TUNING_RESULTS = "aistack.tuning.results"
 MODELS_READY = "aistack.models.ready"
 
 # Raw records over svc_ingest's payload limit must still reach it, to become
@@ -62,6 +63,8 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(TUNING_TRIALS, tuning_pb2.TrialRequested),
     TopicSpec(TUNING_REPORTS, tuning_pb2.TrialReport),
     TopicSpec(TUNING_CONTROL, tuning_pb2.TrialControl),
+    # One result per study: the latest is the one that counts.
+    TopicSpec(TUNING_RESULTS, tuning_pb2.StudyResult, compacted=True),
     # The model registry is the log: keep the latest record per model name.
     TopicSpec(
         MODELS_READY,

@@ -28,7 +28,7 @@ def test_ensure_topics_is_idempotent_with_partitions_and_compaction(
     for spec in specs:
         partitions, policy = describe(infra, spec.name)
         assert partitions == 3
-        assert policy == ("compact" if spec.name.startswith("aistack.models.ready") else "delete")
+        assert policy == ("compact" if spec.compacted else "delete")
 
 
 def test_ensure_topics_brings_an_existing_topic_to_the_spec(infra: Infra, unique: str) -> None:

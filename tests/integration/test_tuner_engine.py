@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from compose.study import load_spec
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import AlreadyExists, NotFound
@@ -64,7 +65,7 @@ def engine(infra: Infra, unique: str) -> tuple[Engine, Clock, str]:
 
 
 def create(engine: Engine, unique: str, **budget: int) -> str:
-    spec = specs.load_spec(QUADRATIC.format(unique=unique))
+    spec = load_spec(QUADRATIC.format(unique=unique))
     for name, value in budget.items():
         setattr(spec.budget, name, value)
     study_id, created = engine.create_study(spec)
@@ -238,7 +239,7 @@ def test_tpe_beats_random_search_over_several_seeds(infra: Infra, unique: str) -
     results: dict[int, list[float]] = {}
     for kind in (tuning_pb2.SAMPLER_KIND_TPE, tuning_pb2.SAMPLER_KIND_RANDOM):
         for seed in (1, 2, 3, 4):
-            spec = specs.load_spec(QUADRATIC.format(unique=f"{unique}-{kind}-{seed}"))
+            spec = load_spec(QUADRATIC.format(unique=f"{unique}-{kind}-{seed}"))
             spec.sampler.kind = kind
             spec.seed = seed
             spec.budget.max_trials = 30
@@ -248,3 +249,25 @@ def test_tpe_beats_random_search_over_several_seeds(infra: Infra, unique: str) -
     tpe, random = results[tuning_pb2.SAMPLER_KIND_TPE], results[tuning_pb2.SAMPLER_KIND_RANDOM]
     assert sum(tpe) < sum(random)
     assert sum(t < r for t, r in zip(tpe, random, strict=True)) >= 3
+
+
+def test_the_time_limit_ends_a_study_once_its_trials_finish(
+    engine: tuple[Engine, Clock, str],
+) -> None:
+    tuner, clock, unique = engine
+    spec = load_spec(QUADRATIC.format(unique=unique))
+    spec.budget.time_limit.FromSeconds(10)
+    study_id, _ = tuner.create_study(spec)
+    first = publish(tuner, tuner.ask(study_id))
+
+    clock.now += 11
+    assert tuner.ask(study_id).requests == []  # no new trial after the limit
+    assert tuner.state(study_id) == api.STUDY_STATE_RUNNING  # three still in flight
+    for request in first:
+        tuner.apply(completed(request, quadratic(request)))
+
+    assert tuner.state(study_id) == api.STUDY_STATE_COMPLETED
+    result = tuner.unannounced_result(study_id)
+    assert result is not None and dict(result.trial_counts) == {"completed": 3}
+    tuner.mark_announced(study_id)
+    assert tuner.unannounced_result(study_id) is None

@@ -10,12 +10,13 @@ from pathlib import Path
 import grpc
 import pytest
 
+from compose import cli
+from compose.study import load_spec
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import events_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 from shared.rpc.client import open_channel
-from svc_tuner import spec as specs
 from tests.infra import Infra, read_topic, wait_until
 from tests.integration.tuner_service import AnalyticTrainer, TunerProcess, TunerTopics
 
@@ -63,7 +64,7 @@ def test_a_study_runs_to_completion_over_the_bus(
     infra: Infra, topics: TunerTopics, tuner: TunerProcess, unique: str
 ) -> None:
     trainer = AnalyticTrainer(infra.kafka, topics, group=f"trainers-{unique}").start()
-    spec = specs.load_spec(SPEC.format(unique=unique, trials=8))
+    spec = load_spec(SPEC.format(unique=unique, trials=8))
 
     async def scenario() -> tuple:  # type: ignore[type-arg]
         await _wait_ready(tuner.target)
@@ -90,6 +91,15 @@ def test_a_study_runs_to_completion_over_the_bus(
     assert best.trial.value == min(values)
     assert [i.step for i in best.trial.intermediate_values] == [1, 2]
     assert not again.created and again.study.trial_counts == {"completed": 8}
+    (announced,) = [
+        tuning_pb2.StudyResult.FromString(v)
+        for v in read_topic(infra.kafka, topics.results, wanted=1, timeout=30)
+    ]
+    assert (announced.study_id, announced.stopped) == (spec.name, False)
+    assert announced.best_value == best.trial.value
+    assert announced.best_trial_id == best.trial.trial_id
+    assert dict(announced.best_params) == dict(best.trial.params)
+    assert dict(announced.trial_counts) == {"completed": 8}
 
 
 @pytest.mark.parametrize(
@@ -107,7 +117,7 @@ def test_a_study_runs_to_completion_over_the_bus(
 def test_invalid_specs_are_invalid_arguments_naming_the_field(
     tuner: TunerProcess, unique: str, yaml_change: str, field: str
 ) -> None:
-    spec = specs.load_spec(SPEC.format(unique=unique, trials=4) + yaml_change + "\n")
+    spec = load_spec(SPEC.format(unique=unique, trials=4) + yaml_change + "\n")
 
     async def create() -> grpc.aio.AioRpcError:
         await _wait_ready(tuner.target)
@@ -122,7 +132,7 @@ def test_invalid_specs_are_invalid_arguments_naming_the_field(
 
 
 def test_an_unknown_sampler_and_an_unknown_study(tuner: TunerProcess, unique: str) -> None:
-    spec = specs.load_spec(SPEC.format(unique=unique, trials=4))
+    spec = load_spec(SPEC.format(unique=unique, trials=4))
     spec.sampler.kind = 77  # type: ignore[assignment]
 
     async def calls() -> tuple[grpc.aio.AioRpcError, grpc.aio.AioRpcError]:
@@ -188,7 +198,7 @@ def _run_study(target: str, spec: tuning_pb2.StudySpec) -> list[api.Trial]:
 def test_clearly_worse_trials_get_prune_messages(
     infra: Infra, topics: TunerTopics, tuner: TunerProcess, unique: str, pruner: str
 ) -> None:
-    spec = specs.load_spec(
+    spec = load_spec(
         SPEC.format(unique=unique, trials=5)
         + f"pruner: {pruner}\nbudget: {{max_trials: 5, max_parallel: 1}}\ntask: "
         "{dataset: analytic, framework: FRAMEWORK_TORCH, epochs: 3}\n"
@@ -227,7 +237,7 @@ def test_clearly_worse_trials_get_prune_messages(
 def test_lost_trials_are_requested_again_and_poison_is_quarantined(
     infra: Infra, topics: TunerTopics, tuner: TunerProcess, unique: str
 ) -> None:
-    spec = specs.load_spec(
+    spec = load_spec(
         SPEC.format(unique=unique, trials=4)
         + "budget: {max_trials: 4, max_parallel: 2, trial_timeout: 2s, max_attempts: 2}\n"
     )
@@ -263,7 +273,7 @@ def test_lost_trials_are_requested_again_and_poison_is_quarantined(
 def test_a_tuner_killed_mid_study_is_restarted_and_finishes_it(
     infra: Infra, topics: TunerTopics, tuner: TunerProcess, unique: str, tmp_path: Path
 ) -> None:
-    spec = specs.load_spec(SPEC.format(unique=unique, trials=10))
+    spec = load_spec(SPEC.format(unique=unique, trials=10))
     trainer = AnalyticTrainer(infra.kafka, topics, group=f"trainers-{unique}").start()
 
     async def create() -> None:
@@ -285,3 +295,42 @@ def test_a_tuner_killed_mid_study_is_restarted_and_finishes_it(
 
     assert sorted(t.number for t in trials) == list(range(10))
     assert {t.state for t in trials} == {api.TRIAL_STATE_COMPLETED}
+
+
+def test_the_cli_creates_watches_shows_and_stops_studies(
+    infra: Infra,
+    topics: TunerTopics,
+    tuner: TunerProcess,
+    unique: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec_file = tmp_path / "study.yaml"
+    spec_file.write_text(SPEC.format(unique=unique, trials=4))
+    asyncio.run(_wait_ready(tuner.target))
+    trainer = AnalyticTrainer(infra.kafka, topics, group=f"trainers-{unique}").start()
+    study_id = f"analytic-{unique}"
+    tuner_flag = ["study", "--tuner", tuner.target]
+    try:
+        assert cli.main([*tuner_flag, "create", "-f", str(spec_file), "--watch"]) == 0
+        created = capsys.readouterr().out.splitlines()
+        assert cli.main([*tuner_flag, "best", study_id]) == 0
+        best = capsys.readouterr().out
+        assert cli.main([*tuner_flag, "show", study_id]) == 0
+        shown = capsys.readouterr().out
+    finally:
+        trainer.stop()
+    # No trainer now: a second study stays running until stopped.
+    spec_file.write_text(SPEC.format(unique=unique + "-b", trials=4))
+    assert cli.main([*tuner_flag, "create", "-f", str(spec_file)]) == 0
+    assert cli.main([*tuner_flag, "stop", f"analytic-{unique}-b"]) == 0
+    stopped = capsys.readouterr().out
+    assert cli.main([*tuner_flag, "show", "no-such-study"]) == 1
+
+    assert created[0] == f"study {study_id} created"
+    assert "4/4" in created[-2] and "completed 4" in created[-2] and "best " in created[-2]
+    assert created[-1] == f"study {study_id}: STUDY_STATE_COMPLETED"
+    assert best.startswith("trial ") and "(completed)" in best and "x=" in best
+    assert shown.startswith(f"study {study_id}: STUDY_STATE_COMPLETED; completed 4")
+    assert stopped.splitlines()[-1] == f"study analytic-{unique}-b: STUDY_STATE_STOPPED"
+    assert "NOT_FOUND" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from shared.bus.topics import (
     TOPICS_BY_NAME,
     TUNING_CONTROL,
     TUNING_REPORTS,
+    TUNING_RESULTS,
     TUNING_TRIALS,
     ensure_topics,
 )
@@ -33,11 +34,18 @@ class TunerTopics:
     trials: str
     reports: str
     control: str
+    results: str
     dlq: str
 
     @classmethod
     def unique(cls, suffix: str) -> TunerTopics:
-        return cls(f"trials.{suffix}", f"reports.{suffix}", f"control.{suffix}", f"dlq.{suffix}")
+        return cls(
+            f"trials.{suffix}",
+            f"reports.{suffix}",
+            f"control.{suffix}",
+            f"results.{suffix}",
+            f"dlq.{suffix}",
+        )
 
     def create(self, kafka: KafkaSettings) -> None:
         ensure_topics(
@@ -46,6 +54,7 @@ class TunerTopics:
                 TOPICS_BY_NAME[TUNING_TRIALS].named(self.trials),
                 TOPICS_BY_NAME[TUNING_REPORTS].named(self.reports),
                 TOPICS_BY_NAME[TUNING_CONTROL].named(self.control),
+                TOPICS_BY_NAME[TUNING_RESULTS].named(self.results),
                 TOPICS_BY_NAME[EVENTS_DLQ].named(self.dlq),
             ],
         )
@@ -70,6 +79,7 @@ class TunerProcess:
                 "AISTACK_TUNER_TRIALS_TOPIC": topics.trials,
                 "AISTACK_TUNER_REPORTS_TOPIC": topics.reports,
                 "AISTACK_TUNER_CONTROL_TOPIC": topics.control,
+                "AISTACK_TUNER_RESULTS_TOPIC": topics.results,
                 "AISTACK_TUNER_DLQ_TOPIC": topics.dlq,
                 "AISTACK_TUNER_GROUP_ID": f"tuner-{prefix}",
                 "AISTACK_TUNER_STORAGE_PREFIX": prefix,

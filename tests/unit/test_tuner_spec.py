@@ -7,6 +7,7 @@ from collections.abc import Callable
 import optuna
 import pytest
 
+from compose.study import load_spec
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import InvalidArgument
 from svc_tuner import spec as specs
@@ -36,7 +37,7 @@ seed: 7
 
 
 def digits() -> tuning_pb2.StudySpec:
-    return specs.load_spec(DIGITS_YAML)
+    return load_spec(DIGITS_YAML)
 
 
 def test_the_articles_search_space_loads_from_yaml_and_is_valid() -> None:
@@ -56,7 +57,7 @@ def test_the_articles_search_space_loads_from_yaml_and_is_valid() -> None:
 
 
 def test_json_is_accepted_too() -> None:
-    spec = specs.load_spec(
+    spec = load_spec(
         '{"name": "q", "objective": {"metric": "loss", "direction": "DIRECTION_MAXIMIZE"},'
         ' "params": [{"name": "x", "floatRange": {"low": -1, "high": 1}}],'
         ' "budget": {"maxTrials": 3, "maxParallel": 1},'
@@ -121,11 +122,11 @@ def test_a_grid_needs_steps_for_floats() -> None:
 
 def test_unparseable_specs_are_invalid_arguments() -> None:
     with pytest.raises(InvalidArgument, match="StudySpec"):
-        specs.load_spec("name: x\nsampler: {kind: SAMPLER_KIND_MAGIC}\n")
+        load_spec("name: x\nsampler: {kind: SAMPLER_KIND_MAGIC}\n")
     with pytest.raises(InvalidArgument, match="mapping"):
-        specs.load_spec("- just a list")
+        load_spec("- just a list")
     with pytest.raises(InvalidArgument, match="YAML"):
-        specs.load_spec("name: [unclosed")
+        load_spec("name: [unclosed")
 
 
 def test_samplers_are_seeded_and_tpe_lies_about_trials_in_flight() -> None:

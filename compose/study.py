@@ -1,0 +1,164 @@
+"""``aistack study``: create, watch, inspect and stop tuning studies on svc_tuner.
+
+A client of ``aistack.v1.TunerService`` over gRPC; the tuner validates specs
+(an invalid one comes back as INVALID_ARGUMENT naming the field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any, TextIO
+
+import grpc
+import yaml
+from google.protobuf import json_format
+
+from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
+from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
+from shared.errors import InvalidArgument
+from shared.rpc.client import open_channel
+
+DEFAULT_TARGET = "localhost:50051"
+BAR_WIDTH = 24
+
+
+def load_spec(text: str) -> tuning_pb2.StudySpec:
+    """A StudySpec from YAML or JSON text (field names as in the proto, or camelCase)."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise InvalidArgument(f"spec is not YAML or JSON: {error}") from error
+    if not isinstance(document, dict):
+        raise InvalidArgument("spec must be a mapping of StudySpec fields")
+    try:
+        return json_format.ParseDict(document, tuning_pb2.StudySpec())
+    except json_format.ParseError as error:
+        raise InvalidArgument(f"spec does not match StudySpec: {error}") from error
+
+
+def add_parser(commands: Any) -> None:
+    study = commands.add_parser("study", help="hyperparameter studies on svc_tuner")
+    study.add_argument(
+        "--tuner",
+        default=os.environ.get("AISTACK_TUNER_TARGET", DEFAULT_TARGET),
+        help=f"svc_tuner's address (AISTACK_TUNER_TARGET, default {DEFAULT_TARGET})",
+    )
+    study.add_argument(
+        "--ca", default=os.environ.get("AISTACK_TUNER_TLS_CA_FILE"), help="CA file: use TLS"
+    )
+    actions = study.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="create a study from a YAML or JSON spec")
+    create.add_argument("-f", "--file", required=True, help="the spec; - for standard input")
+    create.add_argument("--watch", action="store_true", help="then watch it to the end")
+    for name, text in (
+        ("watch", "follow a study's trials live until it ends"),
+        ("best", "the best trial so far"),
+        ("stop", "stop a study: no new trials, running ones told to stop"),
+        ("show", "a study's state and trial counts"),
+    ):
+        action = actions.add_parser(name, help=text)
+        action.add_argument("study_id")
+    study.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(_run(args))
+
+
+async def _run(args: argparse.Namespace) -> int:
+    token = os.environ.get("AISTACK_TUNER_AUTH_TOKEN")
+    async with open_channel(
+        args.tuner, tls_ca_file=Path(args.ca) if args.ca else None, token=token
+    ) as channel:
+        stub = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            return await _dispatch(stub, args)
+        except grpc.aio.AioRpcError as error:
+            print(f"aistack study: {error.code().name}: {error.details()}", file=sys.stderr)
+            return 1
+
+
+async def _dispatch(stub: TunerServiceStub, args: argparse.Namespace) -> int:
+    if args.action == "create":
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        response = await stub.CreateStudy(api.CreateStudyRequest(spec=load_spec(text)))
+        verb = "created" if response.created else "exists (same spec)"
+        print(f"study {response.study.study_id} {verb}")
+        if args.watch:
+            return await watch(stub, response.study.study_id, sys.stdout)
+        return 0
+    if args.action == "watch":
+        return await watch(stub, args.study_id, sys.stdout)
+    if args.action == "best":
+        best = await stub.GetBestTrial(api.GetBestTrialRequest(study_id=args.study_id))
+        print(describe_trial(best.trial))
+        return 0
+    if args.action == "stop":
+        stopped = await stub.StopStudy(api.StopStudyRequest(study_id=args.study_id))
+        print(f"study {args.study_id}: {api.StudyState.Name(stopped.study.state)}")
+        return 0
+    shown = await stub.GetStudy(api.GetStudyRequest(study_id=args.study_id))
+    print(describe_study(shown.study))
+    return 0
+
+
+async def watch(stub: TunerServiceStub, study_id: str, out: TextIO) -> int:
+    """Print a progress line per change until the study ends (redrawn in place on a terminal)."""
+    study = (await stub.GetStudy(api.GetStudyRequest(study_id=study_id))).study
+    maximize = study.spec.objective.direction == common_pb2.DIRECTION_MAXIMIZE
+    trials: dict[int, api.Trial] = {}
+    live = out.isatty()
+    state: int = study.state
+    async for update in stub.WatchStudy(api.WatchStudyRequest(study_id=study_id)):
+        trials[update.trial.number] = update.trial
+        state = update.study_state
+        line = progress_line(trials.values(), study.spec.budget.max_trials, maximize)
+        out.write(("\r" + line) if live else (line + "\n"))
+        out.flush()
+    if live:
+        out.write("\n")
+    out.write(f"study {study_id}: {api.StudyState.Name(state)}\n")
+    return 0
+
+
+def progress_line(trials: Any, total: int, maximize: bool) -> str:
+    """``[#####.....] 5/16  requested 1  running 3  completed 5 ... best 0.0123 (trial 4)``."""
+    listed = list(trials)
+    counts = Counter(
+        api.TrialState.Name(t.state).removeprefix("TRIAL_STATE_").lower() for t in listed
+    )
+    finished = sum(counts[s] for s in ("completed", "pruned", "failed", "quarantined"))
+    filled = round(BAR_WIDTH * finished / total) if total else 0
+    bar = "#" * filled + "." * (BAR_WIDTH - filled)
+    parts = [f"[{bar}] {finished}/{total}"]
+    for name in ("requested", "running", "completed", "pruned", "failed", "quarantined"):
+        parts.append(f"{name} {counts[name]}")
+    done = [t for t in listed if t.state == api.TRIAL_STATE_COMPLETED and t.HasField("value")]
+    if done:
+        best = (max if maximize else min)(done, key=lambda t: t.value)
+        parts.append(f"best {best.value:.6g} (trial {best.number})")
+    return "  ".join(parts)
+
+
+def describe_trial(trial: api.Trial) -> str:
+    params = ", ".join(
+        f"{name}={getattr(v, v.WhichOneof('kind') or 'float_value')}"
+        for name, v in sorted(trial.params.items())
+    )
+    value = f"{trial.value:.6g}" if trial.HasField("value") else "-"
+    state = api.TrialState.Name(trial.state).removeprefix("TRIAL_STATE_").lower()
+    return f"trial {trial.number} ({state}): value {value}; {params}"
+
+
+def describe_study(study: api.Study) -> str:
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(study.trial_counts.items())) or "no trials"
+    lines = [f"study {study.study_id}: {api.StudyState.Name(study.state)}; {counts}"]
+    if study.HasField("best_trial"):
+        lines.append("best: " + describe_trial(study.best_trial))
+    return "\n".join(lines)
