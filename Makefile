@@ -80,6 +80,7 @@ bench: setup
 	$(PY) bench/bus_throughput.py
 	$(PY) bench/ingest_throughput.py
 	$(PY) bench/transform_latency.py
+	$(PY) bench/tuner_overhead.py
 
 infra-up: setup
 	$(VENV)/bin/aistack infra up

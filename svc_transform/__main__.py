@@ -47,7 +47,12 @@ def main() -> int:
                 TOPICS_BY_NAME[EVENTS_DLQ].named(settings.dlq_topic),
             ],
         )
-        spark = session(settings.spark, "svc_transform", cache_dir=settings.common.cache_dir)
+        spark = session(
+            settings.spark,
+            "svc_transform",
+            cache_dir=settings.common.cache_dir,
+            work_dir=settings.common.state_dir / "spark",
+        )
     except AistackError as exc:
         print(f"svc_transform: {exc}", file=sys.stderr)
         return 1

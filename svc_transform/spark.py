@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -15,10 +16,16 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def session(spark: SparkSettings, app_name: str, *, cache_dir: os.PathLike[str]) -> SparkSession:
+def session(
+    spark: SparkSettings,
+    app_name: str,
+    *,
+    cache_dir: os.PathLike[str],
+    work_dir: os.PathLike[str],
+) -> SparkSession:
     """Start (or join) the session: the Kafka connector and our functions from
     the local cache (no network at start-up), shuffle partitions sized to the
-    cores, UTC session time."""
+    cores, UTC session time. The driver's JVM runs in ``work_dir``."""
     from pyspark.sql import SparkSession
 
     from svc_transform import functions
@@ -45,7 +52,11 @@ def session(spark: SparkSettings, app_name: str, *, cache_dir: os.PathLike[str])
         builder = builder.config(key, value)
     # py4j logs every connection at INFO, down to interpreter exit.
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    session = builder.getOrCreate()
+    # Spark 4.0.0 writes artifacts/ into its working directory (SPARK-52396,
+    # fixed in later releases): start the JVM in ours, not the caller's.
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    with contextlib.chdir(work_dir):
+        session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     functions.register(session)
     return session

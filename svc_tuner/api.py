@@ -111,6 +111,14 @@ class TunerServicer(tuner_service_pb2_grpc.TunerServiceServicer):
                 changed = await queue.get()
                 trial, state = await tuner.call(self._trial_and_state, study_id, changed)
                 yield api.WatchStudyResponse(trial=trial, study_state=state)  # type: ignore[arg-type]
+            # Changes made before the study ended are queued by then (the engine
+            # thread queues them before it answers): send their final states.
+            last = set()
+            while not queue.empty():
+                last.add(queue.get_nowait())
+            for changed in sorted(last):
+                trial, state = await tuner.call(self._trial_and_state, study_id, changed)
+                yield api.WatchStudyResponse(trial=trial, study_state=state)  # type: ignore[arg-type]
         finally:
             tuner.unwatch(study_id, queue)
 

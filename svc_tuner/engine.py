@@ -18,7 +18,7 @@ import base64
 import json
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,15 +43,13 @@ _CREATED = "aistack:created"
 _QUARANTINED = "aistack:quarantined"
 _ANNOUNCED = "aistack:announced"
 # Trial attributes (set while the trial runs: Optuna freezes finished trials).
-_ATTEMPT = "aistack:attempt"
-_PUBLISHED = "aistack:published"  # the attempt last published on the bus
-_SEEN = "aistack:last_seen"  # epoch seconds of the last report or request
-_RUNNING = "aistack:running"  # a trainer has reported
-_ERRORS = "aistack:errors"
-_TRAINER = "aistack:trainer"
-_OUTCOME = "aistack:outcome"  # "quarantined" or "skipped" for failed trials
-_METRICS = "aistack:metrics"
-_MODEL = "aistack:model"
+# One attribute each, so that a change is one journal record:
+# _RUN: attempt, published (the attempt last published on the bus), seen
+# (epoch seconds of the last report or request), running (a trainer has
+# reported), trainer, errors, outcome ("quarantined" or "skipped" when failed).
+_RUN = "aistack:run"
+# _RESULT: metrics, model_name, model_version of a completed trial.
+_RESULT = "aistack:result"
 
 DEFAULT_TRIAL_TIMEOUT_SECONDS = 600.0
 HEARTBEAT_FRACTION = 4  # trainers beat four times per timeout
@@ -66,15 +64,50 @@ def redis_storage(settings: RedisSettings, prefix: str) -> JournalStorage:
 
 
 class _RedisJournal(JournalRedisBackend):
+    """Optuna's Redis journal, same keys and records (optuna-dashboard reads it),
+    with our connection settings and one round trip per read or write instead of
+    one per record: every storage call of the engine syncs the journal first."""
+
+    # Optuna's script for one record, for a list of them.
+    _APPEND = """
+    redis.call('setnx', KEYS[1], -1)
+    for i, record in ipairs(ARGV) do
+      local n = redis.call('incr', KEYS[1])
+      redis.call('set', KEYS[2] .. n, record)
+    end
+    """
+
     # Optuna builds its client from the URL alone; ours adds the password and CA.
     def __init__(self, settings: RedisSettings, prefix: str) -> None:
         super().__init__(settings.url, prefix=prefix)
         self._settings = settings
         self._redis = make_redis(settings)
+        self._append = self._redis.register_script(self._APPEND)
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
         self.__dict__.update(state)
         self._redis = make_redis(self._settings)
+        self._append = self._redis.register_script(self._APPEND)
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        keys = [f"{self._prefix}:log_number", f"{self._prefix}:log:"]
+        self._append(keys=keys, args=[json.dumps(log) for log in logs])
+
+    def read_logs(self, log_number_from: int) -> Generator[dict[str, Any], None, None]:
+        last = self._redis.get(f"{self._prefix}:log_number")
+        if last is None or int(last) < log_number_from:
+            return
+        numbers = list(range(log_number_from, int(last) + 1))
+        records = self._redis.mget([self._key_log_id(n) for n in numbers])
+        for number, record in zip(numbers, records, strict=True):
+            if record is None:  # appended by a writer on a cluster, not yet set
+                yield from super().read_logs(number)
+                return
+            try:
+                yield json.loads(record)
+            except json.JSONDecodeError:
+                if number != int(last):
+                    raise
 
 
 def trial_id(study_id: str, number: int) -> str:
@@ -188,7 +221,8 @@ class Engine:
         spec = self.spec(study_id)
         outcome = Outcome()
         for trial in self._in_flight(self._study(study_id)):
-            if trial.user_attrs.get(_PUBLISHED) != trial.user_attrs.get(_ATTEMPT):
+            run = _run(trial)
+            if run.get("published") != run.get("attempt", 1):
                 outcome.requests.append(self._request(spec, trial))
         return outcome
 
@@ -207,12 +241,11 @@ class Engine:
             asked = study.ask(specs.distributions(spec))
             if _key(asked.params) in quarantined:
                 # Kept out of the rest of the study, and not counted against it.
-                asked.set_user_attr(_OUTCOME, "skipped")
+                asked.set_user_attr(_RUN, {"outcome": "skipped"})
                 study.tell(asked, state=OptunaState.FAIL)
                 skipped += 1
                 continue
-            asked.set_user_attr(_ATTEMPT, 1)
-            asked.set_user_attr(_SEEN, self._clock())
+            asked.set_user_attr(_RUN, {"attempt": 1, "seen": self._clock()})
             frozen = self._storage.get_trial(asked._trial_id)
             outcome.requests.append(self._request(spec, frozen))
             outcome.changed.append(trial_id(study_id, asked.number))
@@ -223,7 +256,7 @@ class Engine:
         study_id, number = parse_trial_id(request.trial_id)
         trial = self._trial(study_id, number)
         if not trial.state.is_finished():
-            self._storage.set_trial_user_attr(trial._trial_id, _PUBLISHED, request.attempt)
+            self._set_run(trial, _run(trial), published=request.attempt)
 
     # ---- reports in ----
 
@@ -239,14 +272,13 @@ class Engine:
         if trial.state.is_finished():
             return outcome
         event = report.WhichOneof("event")
-        current = trial.user_attrs.get(_ATTEMPT, 1)
-        if report.attempt < current and event != "completed":
+        run = _run(trial)
+        if report.attempt < run.get("attempt", 1) and event != "completed":
             return outcome
         tid = trial._trial_id
-        self._storage.set_trial_user_attr(tid, _SEEN, self._clock())
-        if report.trainer_id:
-            self._storage.set_trial_user_attr(tid, _TRAINER, report.trainer_id)
-        self._storage.set_trial_user_attr(tid, _RUNNING, True)
+        trainer = report.trainer_id or run.get("trainer", "")
+        if event not in ("completed", "pruned"):  # those end the trial: no need
+            self._set_run(trial, run, seen=self._clock(), running=True, trainer=trainer)
         outcome.changed.append(report.trial_id)
         if event == "progress":
             step, value = report.progress.step, report.progress.value
@@ -260,14 +292,20 @@ class Engine:
                 self._finish(study, frozen, OptunaState.PRUNED)
         elif event == "completed":
             done = report.completed
-            self._storage.set_trial_user_attr(tid, _METRICS, dict(done.metrics))
-            self._storage.set_trial_user_attr(tid, _MODEL, [done.model_name, done.model_version])
+            result = {
+                "metrics": dict(done.metrics),
+                "model_name": done.model_name,
+                "model_version": done.model_version,
+                "trainer": trainer,
+            }
+            self._storage.set_trial_user_attr(tid, _RESULT, result)
             self._finish(study, trial, OptunaState.COMPLETE, value=done.value)
         elif event == "pruned":
             self._finish(study, trial, OptunaState.PRUNED)
         elif event == "failed":
             failure = report.failed
             error = f"attempt {report.attempt}: {failure.reason}: {failure.message}"
+            trial = self._storage.get_trial(tid)
             outcome.extend(self._retry_or_quarantine(study_id, trial, error, failure.retryable))
         return outcome
 
@@ -279,8 +317,9 @@ class Engine:
         now = self._clock()
         outcome = Outcome()
         for trial in self._in_flight(self._study(study_id)):
-            if now - trial.user_attrs.get(_SEEN, now) > timeout:
-                error = f"attempt {trial.user_attrs.get(_ATTEMPT, 1)}: no report for {timeout:g} s"
+            run = _run(trial)
+            if now - run.get("seen", now) > timeout:
+                error = f"attempt {run.get('attempt', 1)}: no report for {timeout:g} s"
                 outcome.extend(self._retry_or_quarantine(study_id, trial, error, retryable=True))
         return outcome
 
@@ -322,29 +361,24 @@ class Engine:
         return self._trial(study_id, number)
 
     def details(self, trial: FrozenTrial) -> TrialDetails:
-        attrs = trial.user_attrs
-        model = attrs.get(_MODEL) or ["", ""]
+        run, result = _run(trial), trial.user_attrs.get(_RESULT, {})
         return TrialDetails(
-            attempts=attrs.get(_ATTEMPT, 1),
-            errors=list(attrs.get(_ERRORS, [])),
-            trainer_id=attrs.get(_TRAINER, ""),
-            metrics=dict(attrs.get(_METRICS, {})),
-            model_name=model[0],
-            model_version=model[1],
+            attempts=run.get("attempt", 1),
+            errors=list(run.get("errors", [])),
+            trainer_id=result.get("trainer") or run.get("trainer", ""),
+            metrics=dict(result.get("metrics", {})),
+            model_name=result.get("model_name", ""),
+            model_version=result.get("model_version", ""),
         )
 
     def trials(self, study_id: str) -> list[FrozenTrial]:
-        return [
-            t
-            for t in self._study(study_id).get_trials(deepcopy=False)
-            if t.user_attrs.get(_OUTCOME) != "skipped"
-        ]
+        return [t for t in self._study(study_id).get_trials(deepcopy=False) if not _skipped(t)]
 
     def trial_state(self, trial: FrozenTrial) -> int:
         if trial.state == OptunaState.RUNNING:
-            running = trial.user_attrs.get(_RUNNING)
+            running = _run(trial).get("running")
             return api.TRIAL_STATE_RUNNING if running else api.TRIAL_STATE_REQUESTED
-        if trial.state == OptunaState.FAIL and trial.user_attrs.get(_OUTCOME) == "quarantined":
+        if trial.state == OptunaState.FAIL and _run(trial).get("outcome") == "quarantined":
             return api.TRIAL_STATE_QUARANTINED
         return {
             OptunaState.COMPLETE: api.TRIAL_STATE_COMPLETED,
@@ -411,15 +445,18 @@ class Engine:
         spec = self.spec(study_id)
         study = self._study(study_id)
         outcome = Outcome(changed=[trial_id(study_id, trial.number)])
-        errors = [*trial.user_attrs.get(_ERRORS, []), error]
-        attempt = trial.user_attrs.get(_ATTEMPT, 1)
-        tid = trial._trial_id
+        run = _run(trial)
+        attempt = run.get("attempt", 1)
         if retryable and attempt < specs.max_attempts(spec):
-            self._storage.set_trial_user_attr(tid, _ERRORS, errors)
-            self._storage.set_trial_user_attr(tid, _ATTEMPT, attempt + 1)
-            self._storage.set_trial_user_attr(tid, _SEEN, self._clock())
-            self._storage.set_trial_user_attr(tid, _RUNNING, False)
-            outcome.requests.append(self._request(spec, self._storage.get_trial(tid)))
+            self._set_run(
+                trial,
+                run,
+                errors=[*run.get("errors", []), error],
+                attempt=attempt + 1,
+                seen=self._clock(),
+                running=False,
+            )
+            outcome.requests.append(self._request(spec, self._storage.get_trial(trial._trial_id)))
             return outcome
         quarantined = [*study.user_attrs.get(_QUARANTINED, []), _key(trial.params)]
         study.set_user_attr(_QUARANTINED, quarantined)
@@ -436,14 +473,20 @@ class Engine:
         errors: Iterable[str] = (),
         outcome: str | None = None,
     ) -> None:
-        tid = trial._trial_id
-        if errors:
-            previous = self._storage.get_trial(tid).user_attrs.get(_ERRORS, [])
-            self._storage.set_trial_user_attr(tid, _ERRORS, [*previous, *errors])
-        if outcome:
-            self._storage.set_trial_user_attr(tid, _OUTCOME, outcome)
+        if errors or outcome:
+            run = _run(self._storage.get_trial(trial._trial_id))
+            changes: dict[str, Any] = {"errors": [*run.get("errors", []), *errors]}
+            if outcome:
+                changes["outcome"] = outcome
+            self._set_run(trial, run, **changes)
         # A pruned trial's value is its last intermediate one: Optuna fills it in.
         study.tell(trial.number, value if state == OptunaState.COMPLETE else None, state=state)
+
+    def _set_run(self, trial: FrozenTrial, run: dict[str, Any], **changes: Any) -> dict[str, Any]:
+        """``run`` (the trial's current run record) with ``changes``, stored in one record."""
+        updated = {**run, **changes}
+        self._storage.set_trial_user_attr(trial._trial_id, _RUN, updated)
+        return updated
 
     def _request(self, spec: tuning_pb2.StudySpec, trial: FrozenTrial) -> tuning_pb2.TrialRequested:
         timeout = _seconds(spec.budget.trial_timeout) or DEFAULT_TRIAL_TIMEOUT_SECONDS
@@ -453,7 +496,7 @@ class Engine:
             trial_number=trial.number,
             task=spec.task,
             objective=spec.objective,
-            attempt=trial.user_attrs.get(_ATTEMPT, 1),
+            attempt=_run(trial).get("attempt", 1),
             heartbeat_interval=Duration(seconds=max(1, int(timeout / HEARTBEAT_FRACTION))),
         )
         for name, value in trial.params.items():
@@ -475,12 +518,16 @@ class Engine:
         )
 
 
+def _run(trial: FrozenTrial) -> dict[str, Any]:
+    return dict(trial.user_attrs.get(_RUN, {}))
+
+
 def _key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True)
 
 
 def _skipped(trial: FrozenTrial) -> bool:
-    return trial.user_attrs.get(_OUTCOME) == "skipped"
+    return _run(trial).get("outcome") == "skipped"
 
 
 def _seconds(duration: Duration) -> float:

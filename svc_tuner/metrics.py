@@ -15,6 +15,7 @@ class TunerMetrics:
     trials_requested: Counter
     controls: Counter
     dead_letters: Counter
+    engine_seconds: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> TunerMetrics:
@@ -28,4 +29,8 @@ class TunerMetrics:
             ),
             controls=counter("tuner_controls", "Control messages published", ("action",)),
             dead_letters=counter("tuner_dead_letters", "Reports dead-lettered", ("reason",)),
+            # Per trial, this is the tuner's overhead: ask, publish, tell, storage.
+            engine_seconds=counter(
+                "tuner_engine_seconds", "Time the engine thread spent on studies"
+            ),
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 from shared.bus.consumer import BusConsumer, Record
 from shared.bus.deadletter import dead_letter, dead_letter_headers, from_undecodable
 from shared.bus.producer import BusProducer
+from shared.bus.topics import partition_count
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import NotFound, UndecodableRecord
@@ -52,13 +54,18 @@ class Tuner:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuner-engine")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watchers: dict[str, set[asyncio.Queue[str]]] = defaultdict(set)
+        self._trial_partitions = partition_count(settings.kafka, settings.trials_topic)
 
     # ---- for the gRPC layer ----
 
     async def call(self, work: Callable[..., T], *args: Any) -> T:
         """Run ``work(*args)`` in the engine's thread."""
         self._loop = asyncio.get_running_loop()
-        return await self._loop.run_in_executor(self._executor, work, *args)
+        return await self._loop.run_in_executor(self._executor, self._timed, work, *args)
+
+    def _timed(self, work: Callable[..., T], *args: Any) -> T:
+        with _Stopwatch(self._metrics.engine_seconds):
+            return work(*args)
 
     def create_study(self, spec: tuning_pb2.StudySpec) -> tuple[str, bool]:
         study_id, created = self.engine.create_study(spec)
@@ -114,7 +121,7 @@ class Tuner:
                 records = consumer.poll_batch(500, timeout=0.2)
                 if not records:
                     continue
-                self._executor.submit(self._apply_reports, records).result()
+                self._executor.submit(self._timed, self._apply_reports, records).result()
                 consumer.commit(records)
         except Exception:
             log.exception("reports.failed")
@@ -190,7 +197,13 @@ class Tuner:
     def _publish(self, outcome: Outcome) -> None:
         settings = self.settings
         for request in outcome.requests:
-            self._producer.publish(settings.trials_topic, request, key=request.trial_id)
+            # Keyed by trial id, but spread round-robin by trial number: Kafka
+            # gives each trainer partitions, not records, and hashed keys leave
+            # one trainer a longer queue than another.
+            partition = request.trial_number % self._trial_partitions
+            self._producer.publish(
+                settings.trials_topic, request, key=request.trial_id, partition=partition
+            )
             attempt = "first" if request.attempt == 1 else "again"
             self._metrics.trials_requested.labels(attempt).inc()
         for control in outcome.controls:
@@ -221,3 +234,16 @@ class Tuner:
             study_id = trial.rpartition("/")[0]
             for queue in list(self._watchers.get(study_id, ())):
                 loop.call_soon_threadsafe(queue.put_nowait, trial)
+
+
+class _Stopwatch:
+    """Adds the time inside the block to a counter."""
+
+    def __init__(self, counter: Any) -> None:
+        self._counter = counter
+
+    def __enter__(self) -> None:
+        self._started = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self._counter.inc(time.perf_counter() - self._started)

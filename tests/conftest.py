@@ -23,14 +23,17 @@ def unique() -> str:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One real local Spark (2 cores) for every Spark test: start-up costs seconds."""
     from shared.settings import CommonSettings
     from svc_transform.settings import SparkSettings
     from svc_transform.spark import session
 
     started = session(
-        SparkSettings(master="local[2]"), "aistack-tests", cache_dir=CommonSettings().cache_dir
+        SparkSettings(master="local[2]"),
+        "aistack-tests",
+        cache_dir=CommonSettings().cache_dir,
+        work_dir=tmp_path_factory.mktemp("spark-driver"),
     )
     yield started
     started.stop()

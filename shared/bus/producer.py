@@ -74,8 +74,10 @@ class BusProducer:
         event_id: str | None = None,
         traceparent: str | None = None,
         extra_headers: list[tuple[str, bytes]] | None = None,
+        partition: int | None = None,
     ) -> str:
-        """Queue ``message`` for ``topic``; returns its event id."""
+        """Queue ``message`` for ``topic``; returns its event id. ``partition``
+        overrides the key's partition (the key still travels with the record)."""
         cls = type(message)
         template = self._templates.get(cls)
         if template is None:
@@ -87,7 +89,7 @@ class BusProducer:
             headers = template.build(event_id, traceparent or envelope.new_traceparent())
         if extra_headers:
             headers.extend(extra_headers)
-        self._produce(topic, message.SerializeToString(), key, headers)
+        self._produce(topic, message.SerializeToString(), key, headers, partition)
         return event_id
 
     def publish_raw(
@@ -107,10 +109,15 @@ class BusProducer:
         value: bytes | None,
         key: str | bytes | None,
         headers: list[tuple[str, bytes]],
+        partition: int | None = None,
     ) -> None:
+        # confluent-kafka takes -1 (its default) for "by the key".
+        chosen = -1 if partition is None else partition
         while True:
             try:
-                self._producer.produce(topic, value, key, headers=cast(Any, headers))
+                self._producer.produce(
+                    topic, value, key, partition=chosen, headers=cast(Any, headers)
+                )
                 return
             except BufferError:
                 # The local queue is full: serve delivery reports to make room.

@@ -165,7 +165,7 @@ def test_a_lost_trial_is_requested_again_then_quarantined(
 
     (trial,) = tuner.trials(study_id)
     assert tuner.trial_state(trial) == api.TRIAL_STATE_QUARANTINED
-    assert trial.user_attrs["aistack:errors"] == [
+    assert tuner.details(trial).errors == [
         "attempt 1: no report for 60 s",
         "attempt 2: oom: ",
     ]

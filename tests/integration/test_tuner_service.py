@@ -13,6 +13,7 @@ import pytest
 from compose import cli
 from compose.study import load_spec
 from shared.bus.producer import BusProducer
+from shared.bus.topics import partition_count
 from shared.contracts.aistack.v1 import events_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
@@ -87,6 +88,10 @@ def test_a_study_runs_to_completion_over_the_bus(
     assert [t.state for t in trials.trials] == [api.TRIAL_STATE_COMPLETED] * 8
     assert trainer.max_in_flight == 3  # max_parallel, reached and never exceeded
     assert len(trainer.received) == 8  # each trial requested once
+    # Spread round-robin over the trials topic's partitions, by trial number.
+    count = partition_count(infra.kafka, topics.trials)
+    assert {trainer.partitions[r.trial_id] for r in trainer.received} == set(range(min(count, 8)))
+    assert all(trainer.partitions[r.trial_id] == r.trial_number % count for r in trainer.received)
     values = [t.value for t in trials.trials]
     assert best.trial.value == min(values)
     assert [i.step for i in best.trial.intermediate_values] == [1, 2]

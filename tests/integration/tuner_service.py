@@ -134,6 +134,7 @@ class AnalyticTrainer:
     vanish: Callable[[tuning_pb2.TrialRequested], bool] = lambda request: False
     received: list[tuning_pb2.TrialRequested] = field(default_factory=list)
     completed: list[str] = field(default_factory=list)
+    partitions: dict[str, int] = field(default_factory=dict)
     max_in_flight: int = 0
 
     def __post_init__(self) -> None:
@@ -163,6 +164,7 @@ class AnalyticTrainer:
                 for record in records:
                     request = record.decode()
                     self.received.append(request)
+                    self.partitions[request.trial_id] = record.partition
                     pending.append(request)
                 self.max_in_flight = max(self.max_in_flight, len(pending))
                 if pending:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import optuna
 import pytest
@@ -168,3 +169,11 @@ def test_param_values_keep_their_type() -> None:
     for value in (True, 3, 0.25, "adam"):
         round_trip = specs.python_value(specs.param_value(value))
         assert round_trip == value and type(round_trip) is type(value)
+
+
+def test_the_readme_example_spec_is_valid() -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / "studies" / "digits-cnn.yaml"
+    spec = load_spec(path.read_text())
+    specs.validate(spec)
+    assert len(spec.params) == 9 and spec.budget.max_parallel == 4
+    assert isinstance(specs.pruner(spec), optuna.pruners.SuccessiveHalvingPruner)
