@@ -219,8 +219,15 @@ class Engine:
         the two, or a publish that failed. Sending them again is safe (trainers
         take a trial id and attempt once)."""
         spec = self.spec(study_id)
+        study = self._study(study_id)
         outcome = Outcome()
-        for trial in self._in_flight(self._study(study_id)):
+        for trial in self._in_flight(study):
+            if _RUN not in trial.user_attrs:
+                # Asked by a tuner that stopped before recording it: its
+                # parameters may be partial. Dropped, not counted; ask() refills.
+                self._storage.set_trial_user_attr(trial._trial_id, _RUN, {"outcome": "skipped"})
+                study.tell(trial.number, state=OptunaState.FAIL)
+                continue
             run = _run(trial)
             if run.get("published") != run.get("attempt", 1):
                 outcome.requests.append(self._request(spec, trial))

@@ -115,6 +115,9 @@ class Tuner:
             group_id=self.settings.group_id,
             topics=[self.settings.reports_topic],
             message_cls=tuning_pb2.TrialReport,
+            # A restarted tuner waits this long for its killed predecessor's
+            # partitions (the broker's default is 45 s).
+            config={"session.timeout.ms": 10_000, "heartbeat.interval.ms": 2_000},
         )
         try:
             while not finished.is_set():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import optuna
 import pytest
 
 from compose.study import load_spec
@@ -271,3 +272,23 @@ def test_the_time_limit_ends_a_study_once_its_trials_finish(
     assert result is not None and dict(result.trial_counts) == {"completed": 3}
     tuner.mark_announced(study_id)
     assert tuner.unannounced_result(study_id) is None
+
+
+def test_a_trial_asked_by_a_tuner_killed_mid_ask_is_dropped_and_replaced(
+    engine: tuple[Engine, Clock, str], infra: Infra
+) -> None:
+    tuner, clock, unique = engine
+    study_id = create(tuner, unique, max_parallel=1)
+    # What a tuner killed inside Optuna's ask leaves: a running trial with
+    # only some parameters and none of the engine's own records.
+    storage = redis_storage(infra.redis, f"test-tuner:{unique}")
+    cut_short = optuna.load_study(study_name=study_id, storage=storage).ask()
+    cut_short.suggest_float("x", -4.0, 4.0)
+
+    restarted = Engine(redis_storage(infra.redis, f"test-tuner:{unique}"), clock=clock)
+    assert restarted.unsent(study_id).requests == []
+    (request,) = restarted.ask(study_id).requests
+
+    assert request.trial_number == cut_short.number + 1
+    assert set(request.params) == {"x", "y"}
+    assert restarted.counts(study_id) == {"requested": 1}  # the dropped one is not counted
