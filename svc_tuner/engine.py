@@ -32,6 +32,7 @@ from optuna.trial import TrialState as OptunaState
 from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.errors import AlreadyExists, NotFound
+from shared.log import get_logger
 from shared.redis_client import make_redis
 from shared.settings import RedisSettings
 from svc_tuner import spec as specs
@@ -50,6 +51,8 @@ _ANNOUNCED = "aistack:announced"
 _RUN = "aistack:run"
 # _RESULT: metrics, model_name, model_version of a completed trial.
 _RESULT = "aistack:result"
+
+log = get_logger("svc_tuner")
 
 DEFAULT_TRIAL_TIMEOUT_SECONDS = 600.0
 HEARTBEAT_FRACTION = 4  # trainers beat four times per timeout
@@ -208,9 +211,12 @@ class Engine:
         study = self._study(study_id)
         if study.user_attrs.get(_STOPPED):
             return api.STUDY_STATE_STOPPED
-        if not self._in_flight(study) and self._budget_left(study, self.spec(study_id)) == 0:
-            return api.STUDY_STATE_COMPLETED
-        return api.STUDY_STATE_RUNNING
+        spec = self.spec(study_id)
+        if self._in_flight(study) or self._budget_left(study, spec) > 0:
+            return api.STUDY_STATE_RUNNING
+        if spec.refit and self._refit_due(study):
+            return api.STUDY_STATE_RUNNING
+        return api.STUDY_STATE_COMPLETED
 
     # ---- trials out ----
 
@@ -242,7 +248,10 @@ class Engine:
         if study.user_attrs.get(_STOPPED):
             return outcome
         quarantined = study.user_attrs.get(_QUARANTINED, [])
-        room = min(spec.budget.max_parallel - len(in_flight), self._budget_left(study, spec))
+        budget_left = self._budget_left(study, spec)
+        if spec.refit and not in_flight and budget_left == 0 and self._refit_due(study):
+            return self._ask_refit(spec, study)
+        room = min(spec.budget.max_parallel - len(in_flight), budget_left)
         skipped = 0
         while room > 0 and skipped < 100:
             asked = study.ask(specs.distributions(spec))
@@ -354,6 +363,11 @@ class Engine:
             result.best_model_version = details.model_version
             for name, value in best.params.items():
                 result.best_params[name].CopyFrom(specs.param_value(value))
+        for trial in self.trials(study_id):
+            if _refit(trial) and trial.state == OptunaState.COMPLETE:
+                details = self.details(trial)
+                result.refit_model_name = details.model_name
+                result.refit_model_version = details.model_version
         return result
 
     def mark_announced(self, study_id: str) -> None:
@@ -394,7 +408,12 @@ class Engine:
         }.get(trial.state, api.TRIAL_STATE_UNSPECIFIED)
 
     def best(self, study_id: str) -> FrozenTrial | None:
-        complete = [t for t in self.trials(study_id) if t.state == OptunaState.COMPLETE]
+        """The best completed trial of the search (a refit is not a candidate)."""
+        complete = [
+            t
+            for t in self.trials(study_id)
+            if t.state == OptunaState.COMPLETE and not _run(t).get("refit")
+        ]
         if not complete:
             return None
         maximize = self.spec(study_id).objective.direction == common_pb2.DIRECTION_MAXIMIZE
@@ -443,8 +462,28 @@ class Engine:
         limit = _seconds(spec.budget.time_limit)
         if limit and self._clock() - study.user_attrs.get(_CREATED, 0) > limit:
             return 0
-        counted = [t for t in study.get_trials(deepcopy=False) if not _skipped(t)]
+        counted = [t for t in study.get_trials(deepcopy=False) if not _skipped(t) and not _refit(t)]
         return max(0, spec.budget.max_trials - len(counted))
+
+    def _refit_due(self, study: optuna.Study) -> bool:
+        """No refit yet, and a completed trial whose parameters it would train."""
+        trials = study.get_trials(deepcopy=False)
+        if any(_refit(t) for t in trials):
+            return False
+        return any(t.state == OptunaState.COMPLETE for t in trials)
+
+    def _ask_refit(self, spec: tuning_pb2.StudySpec, study: optuna.Study) -> Outcome:
+        best = self.best(spec.name)
+        assert best is not None  # _refit_due saw a completed trial
+        study.enqueue_trial(best.params, skip_if_exists=False)
+        asked = study.ask(specs.distributions(spec))
+        asked.set_user_attr(_RUN, {"attempt": 1, "seen": self._clock(), "refit": True})
+        log.info("study.refit", study=spec.name, trial=asked.number, best_trial=best.number)
+        frozen = self._storage.get_trial(asked._trial_id)
+        return Outcome(
+            requests=[self._request(spec, frozen)],
+            changed=[trial_id(spec.name, asked.number)],
+        )
 
     def _retry_or_quarantine(
         self, study_id: str, trial: FrozenTrial, error: str, retryable: bool
@@ -511,6 +550,8 @@ class Engine:
         request.requested_time.FromSeconds(int(self._clock()))
         if spec.HasField("seed"):
             request.seed = spec.seed + trial.number
+        if _refit(trial):
+            request.task.options["refit"] = "true"
         return request
 
     def _control(
@@ -531,6 +572,10 @@ def _run(trial: FrozenTrial) -> dict[str, Any]:
 
 def _key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True)
+
+
+def _refit(trial: FrozenTrial) -> bool:
+    return bool(_run(trial).get("refit"))
 
 
 def _skipped(trial: FrozenTrial) -> bool:

@@ -292,3 +292,32 @@ def test_a_trial_asked_by_a_tuner_killed_mid_ask_is_dropped_and_replaced(
     assert request.trial_number == cut_short.number + 1
     assert set(request.params) == {"x", "y"}
     assert restarted.counts(study_id) == {"requested": 1}  # the dropped one is not counted
+
+
+def test_a_refit_trains_the_best_parameters_once_more_after_the_budget(
+    engine: tuple[Engine, Clock, str],
+) -> None:
+    tuner, _, unique = engine
+    spec = load_spec(QUADRATIC.format(unique=unique))
+    spec.budget.max_trials, spec.budget.max_parallel, spec.refit = 3, 1, True
+    study_id, _ = tuner.create_study(spec)
+    for _ in range(3):
+        (request,) = publish(tuner, tuner.ask(study_id))
+        tuner.apply(completed(request, quadratic(request)))
+    best = tuner.best(study_id)
+    assert best is not None
+
+    assert tuner.state(study_id) == api.STUDY_STATE_RUNNING  # the refit is due
+    (refit,) = publish(tuner, tuner.ask(study_id))
+    assert refit.trial_number == 3 and refit.task.options["refit"] == "true"
+    assert {k: specs.python_value(v) for k, v in refit.params.items()} == best.params
+    assert tuner.ask(study_id).requests == []  # once
+    done = tuning_pb2.TrialCompleted(value=99.0, model_name="m", model_version="4")
+    tuner.apply(report(refit, completed=done))
+
+    assert tuner.state(study_id) == api.STUDY_STATE_COMPLETED
+    assert tuner.best(study_id).number == best.number  # the refit is not a candidate
+    result = tuner.unannounced_result(study_id)
+    assert result is not None
+    assert (result.refit_model_name, result.refit_model_version) == ("m", "4")
+    assert dict(result.trial_counts) == {"completed": 4}

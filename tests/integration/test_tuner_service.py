@@ -298,7 +298,9 @@ def test_a_tuner_killed_mid_study_is_restarted_and_finishes_it(
         if restarted is not None:
             restarted.close()
 
-    assert sorted(t.number for t in trials) == list(range(10))
+    # Exactly the budget, each trial once (a trial the kill cut short inside
+    # ask is dropped and replaced, so numbers may skip one).
+    assert len(trials) == 10 and len({t.number for t in trials}) == 10
     assert {t.state for t in trials} == {api.TRIAL_STATE_COMPLETED}
 
 
