@@ -45,21 +45,14 @@ from ingest_throughput import _free_port, read_metric  # noqa: E402
 from compose.study import load_spec  # noqa: E402
 from shared.bus.consumer import BusConsumer  # noqa: E402
 from shared.bus.producer import BusProducer  # noqa: E402
-from shared.bus.topics import (  # noqa: E402
-    EVENTS_DLQ,
-    TOPICS_BY_NAME,
-    TUNING_CONTROL,
-    TUNING_REPORTS,
-    TUNING_RESULTS,
-    TUNING_TRIALS,
-    ensure_topics,
-)
+from shared.bus.topics import ensure_topics  # noqa: E402
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api  # noqa: E402
 from shared.contracts.aistack.v1 import tuning_pb2  # noqa: E402
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub  # noqa: E402
 from shared.errors import Unavailable  # noqa: E402
 from shared.rpc.client import open_channel  # noqa: E402
 from shared.settings import KafkaSettings, RedisSettings, load_settings  # noqa: E402
+from svc_tuner.settings import topic_specs  # noqa: E402
 from svc_tuner.spec import python_value  # noqa: E402
 
 GOAL_SCALING = 1.8
@@ -146,13 +139,7 @@ class TunerUnderTest:
         }
         ensure_topics(
             self.kafka,
-            [
-                TOPICS_BY_NAME[TUNING_TRIALS].named(self.topics["trials"]),
-                TOPICS_BY_NAME[TUNING_REPORTS].named(self.topics["reports"]),
-                TOPICS_BY_NAME[TUNING_CONTROL].named(self.topics["control"]),
-                TOPICS_BY_NAME[TUNING_RESULTS].named(self.topics["results"]),
-                TOPICS_BY_NAME[EVENTS_DLQ].named(self.topics["dlq"]),
-            ],
+            topic_specs(**self.topics),
             partitions=6,
         )
         self.grpc = f"127.0.0.1:{_free_port()}"

@@ -35,15 +35,7 @@ def main() -> int:
 
 async def serve(settings: TunerSettings) -> int:
     from shared.bus.producer import BusProducer
-    from shared.bus.topics import (
-        EVENTS_DLQ,
-        TOPICS_BY_NAME,
-        TUNING_CONTROL,
-        TUNING_REPORTS,
-        TUNING_RESULTS,
-        TUNING_TRIALS,
-        ensure_topics,
-    )
+    from shared.bus.topics import ensure_topics
     from shared.rpc.server import start_server
     from svc_tuner.api import SERVICE_NAME, register
     from svc_tuner.engine import Engine, redis_storage
@@ -51,16 +43,7 @@ async def serve(settings: TunerSettings) -> int:
     from svc_tuner.service import SERVICE, Tuner
 
     log = get_logger(SERVICE)
-    ensure_topics(
-        settings.kafka,
-        [
-            TOPICS_BY_NAME[TUNING_TRIALS].named(settings.trials_topic),
-            TOPICS_BY_NAME[TUNING_REPORTS].named(settings.reports_topic),
-            TOPICS_BY_NAME[TUNING_CONTROL].named(settings.control_topic),
-            TOPICS_BY_NAME[TUNING_RESULTS].named(settings.results_topic),
-            TOPICS_BY_NAME[EVENTS_DLQ].named(settings.dlq_topic),
-        ],
-    )
+    ensure_topics(settings.kafka, settings.topic_specs())
     engine = Engine(redis_storage(settings.redis, settings.storage_prefix))
     metrics = TunerMetrics.create()
     serve_metrics(settings.metrics_port)

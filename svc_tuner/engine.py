@@ -156,6 +156,7 @@ class Engine:
         self._storage = storage
         self._clock = clock
         self._studies: dict[str, optuna.Study] = {}
+        self._specs: dict[str, tuning_pb2.StudySpec] = {}
 
     # ---- studies ----
 
@@ -182,17 +183,23 @@ class Engine:
         study.set_user_attr(_CREATED, self._clock())
         # Written last: a study without its spec is one a crash cut short.
         study.set_user_attr(_SPEC, encoded)
+        self._specs[spec.name] = tuning_pb2.StudySpec.FromString(base64.b64decode(encoded))
         self._studies[spec.name] = study
         return spec.name, True
 
     def study_ids(self) -> list[str]:
-        return [s.study_name for s in optuna.get_all_study_summaries(self._storage)]
+        return [s.study_name for s in self._storage.get_all_studies()]
 
     def spec(self, study_id: str) -> tuning_pb2.StudySpec:
-        encoded = self._study(study_id).user_attrs.get(_SPEC)
-        if encoded is None:
-            raise NotFound(f"no study {study_id!r}")
-        return tuning_pb2.StudySpec.FromString(base64.b64decode(encoded))
+        """A copy of the study's spec (callers may change it)."""
+        copy = tuning_pb2.StudySpec()
+        copy.CopyFrom(self._spec(study_id))
+        return copy
+
+    def _spec(self, study_id: str) -> tuning_pb2.StudySpec:
+        # A spec never changes once stored: parsed once per study, not per call.
+        self._study(study_id)
+        return self._specs[study_id]
 
     def stop(self, study_id: str) -> Outcome:
         """No new trials; trials in flight are told to stop and recorded as failed."""
@@ -211,7 +218,7 @@ class Engine:
         study = self._study(study_id)
         if study.user_attrs.get(_STOPPED):
             return api.STUDY_STATE_STOPPED
-        spec = self.spec(study_id)
+        spec = self._spec(study_id)
         if self._in_flight(study) or self._budget_left(study, spec) > 0:
             return api.STUDY_STATE_RUNNING
         if spec.refit and self._refit_due(study):
@@ -224,7 +231,7 @@ class Engine:
         """Requests recorded but not marked published: a tuner stopped between
         the two, or a publish that failed. Sending them again is safe (trainers
         take a trial id and attempt once)."""
-        spec = self.spec(study_id)
+        spec = self._spec(study_id)
         study = self._study(study_id)
         outcome = Outcome()
         for trial in self._in_flight(study):
@@ -241,7 +248,7 @@ class Engine:
 
     def ask(self, study_id: str) -> Outcome:
         """Fill the study up to ``max_parallel`` trials in flight, within its budget."""
-        spec = self.spec(study_id)
+        spec = self._spec(study_id)
         study = self._study(study_id)
         outcome = Outcome()
         in_flight = self._in_flight(study)
@@ -328,7 +335,7 @@ class Engine:
     def find_lost(self, study_id: str) -> Outcome:
         """Trials with no report within the trial timeout: requested again (same
         parameters, next attempt) or, out of attempts, quarantined."""
-        spec = self.spec(study_id)
+        spec = self._spec(study_id)
         timeout = _seconds(spec.budget.trial_timeout) or DEFAULT_TRIAL_TIMEOUT_SECONDS
         now = self._clock()
         outcome = Outcome()
@@ -346,7 +353,7 @@ class Engine:
         study = self._study(study_id)
         if study.user_attrs.get(_ANNOUNCED) or self.state(study_id) == api.STUDY_STATE_RUNNING:
             return None
-        spec = self.spec(study_id)
+        spec = self._spec(study_id)
         result = tuning_pb2.StudyResult(
             study_id=study_id,
             objective=spec.objective,
@@ -416,7 +423,7 @@ class Engine:
         ]
         if not complete:
             return None
-        maximize = self.spec(study_id).objective.direction == common_pb2.DIRECTION_MAXIMIZE
+        maximize = self._spec(study_id).objective.direction == common_pb2.DIRECTION_MAXIMIZE
         chooser = max if maximize else min
         return chooser(complete, key=lambda t: float(t.value or 0.0))
 
@@ -444,6 +451,7 @@ class Engine:
         spec = tuning_pb2.StudySpec.FromString(base64.b64decode(encoded))
         study.sampler = specs.sampler(spec)
         study.pruner = specs.pruner(spec)
+        self._specs[study_id] = spec
         self._studies[study_id] = study
         return study
 
@@ -488,7 +496,7 @@ class Engine:
     def _retry_or_quarantine(
         self, study_id: str, trial: FrozenTrial, error: str, retryable: bool
     ) -> Outcome:
-        spec = self.spec(study_id)
+        spec = self._spec(study_id)
         study = self._study(study_id)
         outcome = Outcome(changed=[trial_id(study_id, trial.number)])
         run = _run(trial)

@@ -9,10 +9,12 @@ from pydantic_settings import SettingsConfigDict
 
 from shared.bus.topics import (
     EVENTS_DLQ,
+    TOPICS_BY_NAME,
     TUNING_CONTROL,
     TUNING_REPORTS,
     TUNING_RESULTS,
     TUNING_TRIALS,
+    TopicSpec,
 )
 from shared.rpc.server import ServerOptions
 from shared.settings import ServiceSettings
@@ -39,6 +41,15 @@ class TunerSettings(ServiceSettings):
     tick_seconds: float = Field(default=1.0, gt=0, le=60)
     metrics_port: int = Field(default=9104, ge=0, le=65535)
 
+    def topic_specs(self) -> list[TopicSpec]:
+        return topic_specs(
+            trials=self.trials_topic,
+            reports=self.reports_topic,
+            control=self.control_topic,
+            results=self.results_topic,
+            dlq=self.dlq_topic,
+        )
+
     def server_options(self) -> ServerOptions:
         return ServerOptions(
             address=self.grpc_address,
@@ -47,3 +58,16 @@ class TunerSettings(ServiceSettings):
             tls_client_ca_file=self.tls_client_ca_file,
             auth_token=self.auth_token.get_secret_value() if self.auth_token else None,
         )
+
+
+def topic_specs(
+    *, trials: str, reports: str, control: str, results: str, dlq: str
+) -> list[TopicSpec]:
+    """The tuner's topics under the given names, each with its standard spec."""
+    return [
+        TOPICS_BY_NAME[TUNING_TRIALS].named(trials),
+        TOPICS_BY_NAME[TUNING_REPORTS].named(reports),
+        TOPICS_BY_NAME[TUNING_CONTROL].named(control),
+        TOPICS_BY_NAME[TUNING_RESULTS].named(results),
+        TOPICS_BY_NAME[EVENTS_DLQ].named(dlq),
+    ]

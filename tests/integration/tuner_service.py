@@ -14,18 +14,11 @@ from pathlib import Path
 
 from shared.bus.consumer import BusConsumer
 from shared.bus.producer import BusProducer
-from shared.bus.topics import (
-    EVENTS_DLQ,
-    TOPICS_BY_NAME,
-    TUNING_CONTROL,
-    TUNING_REPORTS,
-    TUNING_RESULTS,
-    TUNING_TRIALS,
-    ensure_topics,
-)
+from shared.bus.topics import ensure_topics
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.settings import KafkaSettings
 from svc_tuner import spec as specs
+from svc_tuner.settings import topic_specs
 from tests.infra import Infra, free_port
 
 
@@ -50,13 +43,13 @@ class TunerTopics:
     def create(self, kafka: KafkaSettings) -> None:
         ensure_topics(
             kafka,
-            [
-                TOPICS_BY_NAME[TUNING_TRIALS].named(self.trials),
-                TOPICS_BY_NAME[TUNING_REPORTS].named(self.reports),
-                TOPICS_BY_NAME[TUNING_CONTROL].named(self.control),
-                TOPICS_BY_NAME[TUNING_RESULTS].named(self.results),
-                TOPICS_BY_NAME[EVENTS_DLQ].named(self.dlq),
-            ],
+            topic_specs(
+                trials=self.trials,
+                reports=self.reports,
+                control=self.control,
+                results=self.results,
+                dlq=self.dlq,
+            ),
         )
 
 
