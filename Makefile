@@ -11,7 +11,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),$(HOME)/.local/bin/uv)
 VENV := .venv
 PY := $(VENV)/bin/python
 # Optional dependency groups installed by `make setup` (see pyproject.toml).
-EXTRAS ?= dev ingest transform tuner
+EXTRAS ?= dev ingest transform tuner tuner-gp trainer
 STAMPS := .setup-stamps
 PROTOS := $(shell find proto -name '*.proto')
 

@@ -252,6 +252,41 @@ def test_tpe_beats_random_search_over_several_seeds(infra: Infra, unique: str) -
     assert sum(t < r for t, r in zip(tpe, random, strict=True)) >= 3
 
 
+@pytest.mark.parametrize(
+    "kind", [tuning_pb2.SAMPLER_KIND_GP, tuning_pb2.SAMPLER_KIND_CMAES], ids=["gp", "cmaes"]
+)
+def test_model_based_samplers_beat_random_search(infra: Infra, unique: str, kind: int) -> None:
+    """The Gaussian process (the article's approach; torch and scipy from the
+    tuner-gp group) and CMA-ES run on the same journal storage, with trials in
+    flight, and find the quadratic's minimum better than random search."""
+    tuner = Engine(redis_storage(infra.redis, f"test-tuner:{unique}"))
+    results: dict[int, list[float]] = {}
+    for sampler_kind in (kind, tuning_pb2.SAMPLER_KIND_RANDOM):
+        for seed in (1, 2):
+            spec = load_spec(QUADRATIC.format(unique=f"{unique}-{sampler_kind}-{seed}"))
+            spec.sampler.kind = sampler_kind
+            spec.sampler.startup_trials = 5
+            spec.seed = seed
+            spec.budget.max_trials = 25
+            spec.budget.max_parallel = 2
+            results.setdefault(sampler_kind, []).append(_best_of(tuner, spec))
+
+    assert isinstance(specs.sampler(spec_of(kind)), SAMPLER_CLASSES[kind])
+    assert sum(results[kind]) < sum(results[tuning_pb2.SAMPLER_KIND_RANDOM])
+
+
+SAMPLER_CLASSES = {
+    tuning_pb2.SAMPLER_KIND_GP: optuna.samplers.GPSampler,
+    tuning_pb2.SAMPLER_KIND_CMAES: optuna.samplers.CmaEsSampler,
+}
+
+
+def spec_of(kind: int) -> tuning_pb2.StudySpec:
+    spec = load_spec(QUADRATIC.format(unique="sampler"))
+    spec.sampler.kind = kind  # type: ignore[assignment]
+    return spec
+
+
 def test_the_time_limit_ends_a_study_once_its_trials_finish(
     engine: tuple[Engine, Clock, str],
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from compose.study import load_spec
 from shared.contracts.aistack.v1 import tuning_pb2
-from shared.errors import InvalidArgument
+from shared.errors import FailedPrecondition, InvalidArgument
 from svc_tuner import spec as specs
 
 # The article's search space, as a user writes it for `aistack study create -f`.
@@ -140,6 +141,22 @@ def test_samplers_are_seeded_and_tpe_lies_about_trials_in_flight() -> None:
     assert isinstance(specs.sampler(spec), optuna.samplers.RandomSampler)
     spec.sampler.kind = tuning_pb2.SAMPLER_KIND_CMAES
     assert isinstance(specs.sampler(spec), optuna.samplers.CmaEsSampler)
+
+
+def test_the_gaussian_process_needs_torch_and_scipy(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = digits()
+    spec.sampler.kind = tuning_pb2.SAMPLER_KIND_GP
+    assert isinstance(specs.sampler(spec), optuna.samplers.GPSampler)
+
+    # A tuner deployed without the tuner-gp group refuses the spec, saying why.
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "torch" else real_find_spec(name, *a),
+    )
+    with pytest.raises(FailedPrecondition, match="needs torch"):
+        specs.sampler(spec)
 
 
 def test_a_grid_sampler_walks_every_step() -> None:
