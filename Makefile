@@ -74,13 +74,14 @@ test-integration: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy shared compose loadgen svc_ingest svc_transform svc_tuner
+	$(VENV)/bin/mypy shared compose loadgen svc_ingest svc_transform svc_tuner svc_trainer
 
 bench: setup
 	$(PY) bench/bus_throughput.py
 	$(PY) bench/ingest_throughput.py
 	$(PY) bench/transform_latency.py
 	$(PY) bench/tuner_overhead.py
+	$(PY) bench/trainer_overhead.py
 
 infra-up: setup
 	$(VENV)/bin/aistack infra up

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -7,6 +8,13 @@ from typing import Any
 import pytest
 
 from tests.infra import Infra, provide_infra
+
+# TensorFlow and Triton (torch.export's compiler) each carry an LLVM; loaded
+# in that order into one process they abort ("Option ... registered more than
+# once"). A trial's process loads one framework, but the tests load both, so
+# Triton goes first.
+with contextlib.suppress(ImportError):
+    import triton  # noqa: F401
 
 
 @pytest.fixture(scope="session")

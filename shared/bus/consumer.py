@@ -6,7 +6,9 @@ are done (``commit``), never automatically.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Generic, cast
 
@@ -103,12 +105,23 @@ class BusConsumer(Generic[MessageT]):
         topics: Iterable[str],
         message_cls: type[MessageT],
         config: Mapping[str, Any] | None = None,
+        on_revoke: Callable[[list[tuple[str, int]]], None] | None = None,
     ) -> None:
+        """``on_revoke`` is told which (topic, partition)s this member lost in
+        a rebalance, before they move to another member."""
         self._consumer = Consumer(
             {**kafka.client_config(), **CONSUMER_DEFAULTS, "group.id": group_id, **(config or {})}
         )
         self._cls = message_cls
-        self._consumer.subscribe(list(topics))
+        if on_revoke is None:
+            self._consumer.subscribe(list(topics))
+        else:
+            revoked = on_revoke
+
+            def _on_revoke(_: Consumer, partitions: list[TopicPartition]) -> None:
+                revoked([(p.topic, p.partition) for p in partitions])
+
+            self._consumer.subscribe(list(topics), on_revoke=_on_revoke, on_lost=_on_revoke)
 
     def poll_batch(self, max_records: int = 500, timeout: float = 1.0) -> list[Record[MessageT]]:
         """Up to ``max_records`` records, waiting at most ``timeout`` seconds.
@@ -151,6 +164,22 @@ class BusConsumer(Generic[MessageT]):
                 return
             raise Unavailable(f"offset commit failed: {exc}") from exc
 
+    def pause(self, records: Iterable[Record[MessageT]] = ()) -> None:
+        """Stop fetching from every assigned partition, while staying in the
+        group (keep calling ``poll_batch``: it returns nothing from paused
+        partitions). ``records`` already consumed are rewound, so that they
+        are read again after ``resume``."""
+        for record in records:
+            self._consumer.seek(TopicPartition(record.topic, record.partition, record.offset))
+        assigned = self._consumer.assignment()
+        if assigned:
+            self._consumer.pause(assigned)
+
+    def resume(self) -> None:
+        assigned = self._consumer.assignment()
+        if assigned:
+            self._consumer.resume(assigned)
+
     def close(self) -> None:
         """Leave the group cleanly (partitions are reassigned at once)."""
         self._consumer.close()
@@ -167,4 +196,63 @@ class BusConsumer(Generic[MessageT]):
         self.close()
 
 
-__all__ = ["BusConsumer", "Record"]
+class BusTail(Generic[MessageT]):
+    """Reads every partition of ``topics`` from where each ends now, outside
+    any consumer group: every reader sees every record published after it
+    started (e.g. control messages that all replicas must see). Nothing is
+    committed."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        *,
+        topics: Iterable[str],
+        message_cls: type[MessageT],
+        timeout: float = 30.0,
+    ) -> None:
+        self._consumer = Consumer(
+            {
+                **kafka.client_config(),
+                **CONSUMER_DEFAULTS,
+                # librdkafka wants a group id even for assigned partitions; it
+                # is never joined nor committed to.
+                "group.id": f"aistack-tail-{uuid.uuid4().hex}",
+            }
+        )
+        self._cls = message_cls
+        metadata = self._consumer.list_topics(timeout=timeout)
+        assignment = []
+        for topic in topics:
+            described = metadata.topics.get(topic)
+            if described is None or described.error is not None:
+                raise Unavailable(f"topic {topic} is not available to tail")
+            for partition in described.partitions:
+                # The end as of now, not as of the first fetch: nothing
+                # published after this constructor returns is missed.
+                end = self._end_offset(TopicPartition(topic, partition), timeout)
+                assignment.append(TopicPartition(topic, partition, end))
+        self._consumer.assign(assignment)
+
+    def _end_offset(self, partition: TopicPartition, timeout: float) -> int:
+        # A topic created a moment ago may not have its leaders elected yet.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                _, end = self._consumer.get_watermark_offsets(partition, timeout=timeout)
+                return int(end)
+            except KafkaException as exc:
+                # Not leader / leader not available are not flagged retriable,
+                # yet pass in a moment: retry everything until the deadline.
+                if time.monotonic() > deadline:
+                    raise Unavailable(f"no end offset for {partition.topic}: {exc}") from exc
+                time.sleep(0.2)
+
+    def poll_batch(self, max_records: int = 500, timeout: float = 1.0) -> list[Record[MessageT]]:
+        raw = self._consumer.consume(max_records, timeout)
+        return [Record(msg, self._cls) for msg in raw if msg.error() is None]
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+__all__ = ["BusConsumer", "BusTail", "Record"]

@@ -10,6 +10,7 @@ import argparse
 import filecmp
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -31,12 +32,18 @@ class CodegenError(RuntimeError):
 
 
 def _protoc(args: Sequence[str]) -> None:
-    from grpc_tools import protoc
-
+    # In its own process: grpc_tools embeds libprotoc, which crashes a process
+    # that has loaded TensorFlow (its own protobuf) or Triton's LLVM.
     well_known = str(resources.files("grpc_tools") / "_proto")
-    code = protoc.main(["grpc_tools.protoc", f"-I{well_known}", *args])
-    if code != 0:
-        raise CodegenError(f"protoc failed with exit code {code}: {' '.join(args)}")
+    done = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{well_known}", *args],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise CodegenError(
+            f"protoc failed with exit code {done.returncode}: {' '.join(args)}\n{done.stderr}"
+        )
 
 
 def _rewrite_imports(root: Path) -> None:

@@ -1,0 +1,247 @@
+"""svc_trainer's training paths against plain framework code, same model,
+data and epochs, measured in the same run.
+
+Data: scikit-learn's digits training split repeated 8 times with a little
+noise (8,600 images of 8x8), the default CNN (the "default configuration"),
+batch size 128, 4 epochs. Each measurement runs in a fresh process (thread
+settings are per process), twice, alternating; the better run counts.
+
+1. ``torch_vs_plain``: the trainer's PyTorch path (``torch_runner.train``,
+   single device: per-epoch validation, checkpoint and reports included)
+   against a hand-written loop (same model, optimizer, batches; nothing
+   else). Samples/s over the whole call.
+2. ``ddp_vs_threads``: DDP over 2 processes with 1 thread each against one
+   process with 2 threads (both the trainer's path), by the epochs'
+   steady-state samples/s (the first epoch, with start-up, left out).
+3. ``tf_vs_fit``: the trainer's TensorFlow path (``tf_runner.train``,
+   one device) against a plain ``model.fit`` on the same Keras model.
+
+Prints, higher always better:
+
+    torch_vs_plain: ratio R (goal 0.95)
+    ddp_vs_threads: ratio R (goal 0.85)
+    tf_vs_fit: ratio R (goal 0.95)
+
+Needs no broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+EPOCHS = 4
+BATCH = 128
+
+
+def bench_data() -> Any:
+    import numpy as np
+
+    from svc_trainer import data as datasets
+
+    base = datasets.load("digits", {})
+    rng = np.random.default_rng(0)
+    x = np.concatenate(
+        [base.x_train + rng.normal(0, 0.02, base.x_train.shape) for _ in range(8)]
+    ).astype(np.float32)
+    y = np.concatenate([base.y_train] * 8)
+    return replace(base, x_train=x, y_train=y)
+
+
+def spec(tmp: str, **overrides: Any) -> Any:
+    from svc_trainer.plan import Hyperparams, RunSpec
+
+    values: dict[str, Any] = {
+        "trial_id": "bench/0",
+        "study_id": "bench",
+        "trial_number": 0,
+        "attempt": 1,
+        "dataset": "digits",
+        "model_family": "cnn",
+        "framework": "torch",
+        "strategy": "single",
+        "world_size": 0,
+        "epochs": EPOCHS,
+        "hparams": Hyperparams(batch_size=BATCH),
+        "seed": 1,
+        "objective_metric": "val_error",
+        "checkpoint_dir": f"{tmp}/checkpoints",
+        "export_dir": f"{tmp}/export",
+        "tensorboard_dir": f"{tmp}/tb",
+        "device": "cpu",
+        "threads": 2,
+    }
+    values.update(overrides)
+    return RunSpec(**values)
+
+
+class Quiet:
+    def __init__(self) -> None:
+        self.rates: list[float] = []
+
+    def started(self, resumed_from_step: int, note: str = "") -> None:
+        pass
+
+    def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.rates.append(metrics["samples_per_s"])
+
+    def stop_requested(self) -> Any:
+        from svc_trainer.plan import StopReason
+
+        return StopReason.NONE
+
+
+# ---- the measurements (each in its own process) ----
+
+
+def torch_trainer(threads: int, strategy: str, world: int) -> dict[str, float]:
+    import torch
+
+    from svc_trainer import torch_runner
+
+    torch.set_num_threads(threads)
+    data = bench_data()
+    channel = Quiet()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = spec(tmp, strategy=strategy, world_size=world, threads=threads)
+        started = time.perf_counter()
+        torch_runner.train(run, data, channel)
+        wall = time.perf_counter() - started
+    return {
+        "samples_per_s": EPOCHS * len(data.x_train) / wall,
+        "steady_samples_per_s": sum(channel.rates[1:]) / len(channel.rates[1:]),
+    }
+
+
+def torch_plain() -> dict[str, float]:
+    import torch
+    from torch import nn
+
+    from svc_trainer import torch_models
+    from svc_trainer.plan import Hyperparams
+
+    torch.set_num_threads(2)
+    torch.manual_seed(1)
+    data = bench_data()
+    hp = Hyperparams(batch_size=BATCH)
+    model = torch_models.build("cnn", hp, data)
+    optimizer = torch.optim.Adam(model.parameters(), lr=hp.learning_rate)
+    loss_fn = nn.CrossEntropyLoss()
+    x, y = torch.as_tensor(data.x_train), torch.as_tensor(data.y_train)
+    started = time.perf_counter()
+    for _ in range(EPOCHS):
+        model.train()
+        order = torch.randperm(len(x))
+        for start in range(0, len(x), BATCH):
+            index = order[start : start + BATCH]
+            optimizer.zero_grad()
+            loss = loss_fn(model(x[index]), y[index])
+            loss.backward()
+            optimizer.step()
+    wall = time.perf_counter() - started
+    return {"samples_per_s": EPOCHS * len(x) / wall}
+
+
+def tf_trainer() -> dict[str, float]:
+    from svc_trainer import tf_runner
+
+    data = bench_data()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = spec(tmp, framework="tensorflow", strategy="one_device")
+        started = time.perf_counter()
+        tf_runner.train(run, data, Quiet())
+        wall = time.perf_counter() - started
+    return {"samples_per_s": EPOCHS * len(data.x_train) / wall}
+
+
+def tf_plain() -> dict[str, float]:
+    import tensorflow as tf
+
+    from svc_trainer import tf_models
+    from svc_trainer.plan import Hyperparams
+
+    tf.config.threading.set_intra_op_parallelism_threads(2)
+    data = bench_data()
+    hp = Hyperparams(batch_size=BATCH)
+    tf.keras.utils.set_random_seed(1)
+    model = tf_models.build_model("cnn", hp, data)
+    tf_models.compile_model(model, hp, data.task)
+    started = time.perf_counter()
+    model.fit(data.x_train, data.y_train, batch_size=BATCH, epochs=EPOCHS, verbose=0)
+    wall = time.perf_counter() - started
+    return {"samples_per_s": EPOCHS * len(data.x_train) / wall}
+
+
+def _child(queue: Any, name: str, args: tuple[Any, ...]) -> None:
+    queue.put(globals()[name](*args))
+
+
+def isolated(fn: Callable[..., dict[str, float]], *args: Any) -> dict[str, float]:
+    """``fn(*args)`` in a fresh spawned (non-daemon: DDP starts ranks) process."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_child, args=(queue, fn.__name__, args))
+    process.start()
+    result: dict[str, float] = queue.get(timeout=1800)
+    process.join()
+    return result
+
+
+def best_of(rounds: int, *measurements: Callable[[], dict[str, float]]) -> list[dict[str, float]]:
+    best: list[dict[str, float]] = [{} for _ in measurements]
+    for round_number in range(rounds):
+        order = list(range(len(measurements)))
+        if round_number % 2:
+            order.reverse()
+        for index in order:
+            result = measurements[index]()
+            for key, value in result.items():
+                best[index][key] = max(best[index].get(key, -math.inf), value)
+    return best
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+
+    trainer, plain = best_of(
+        args.rounds, lambda: isolated(torch_trainer, 2, "single", 0), lambda: isolated(torch_plain)
+    )
+    print(f"torch trainer path: {trainer['samples_per_s']:,.0f} samples/s")
+    print(f"torch plain loop: {plain['samples_per_s']:,.0f} samples/s")
+
+    ddp, threads = best_of(
+        args.rounds,
+        lambda: isolated(torch_trainer, 1, "ddp", 2),
+        lambda: isolated(torch_trainer, 2, "single", 0),
+    )
+    print(f"DDP 2 processes x 1 thread: {ddp['steady_samples_per_s']:,.0f} samples/s (steady)")
+    print(f"1 process x 2 threads: {threads['steady_samples_per_s']:,.0f} samples/s (steady)")
+
+    tf_path, fit = best_of(args.rounds, lambda: isolated(tf_trainer), lambda: isolated(tf_plain))
+    print(f"tensorflow trainer path: {tf_path['samples_per_s']:,.0f} samples/s")
+    print(f"tensorflow model.fit: {fit['samples_per_s']:,.0f} samples/s")
+
+    print(
+        f"torch_vs_plain: ratio {trainer['samples_per_s'] / plain['samples_per_s']:.2f} (goal 0.95)"
+    )
+    ratio = ddp["steady_samples_per_s"] / threads["steady_samples_per_s"]
+    print(f"ddp_vs_threads: ratio {ratio:.2f} (goal 0.85)")
+    print(f"tf_vs_fit: ratio {tf_path['samples_per_s'] / fit['samples_per_s']:.2f} (goal 0.95)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

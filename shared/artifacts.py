@@ -1,0 +1,147 @@
+"""Model artifacts: where they are kept and the digest that proves them.
+
+The trainer writes, the model server reads and verifies; both use this one
+definition of the digest. A directory's sha256 is that of a deterministic tar
+stream of it (names sorted, owners, times and modes normalised), so the same
+files always give the same digest wherever they are unpacked.
+
+The store is a URL root on fsspec: a local directory by default
+(``/var/lib/aistack/artifacts`` or ``file:///…``), ``s3://bucket/prefix``
+and the like when the matching fsspec backend (s3fs, gcsfs) is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from shared.errors import FailedPrecondition
+
+_CHUNK = 1 << 20
+
+
+class _HashSink:
+    """A write-only file object that only hashes (tarfile streams into it)."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return len(data)
+
+
+def digest(path: Path) -> tuple[str, int]:
+    """(hex sha256, size in bytes of the files) of a file or a directory tree."""
+    if path.is_file():
+        sha = hashlib.sha256()
+        with path.open("rb") as handle:
+            while chunk := handle.read(_CHUNK):
+                sha.update(chunk)
+        return sha.hexdigest(), path.stat().st_size
+    if not path.is_dir():
+        raise FileNotFoundError(f"no artifact at {path}")
+    sink = _HashSink()
+    size = 0
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        for member in sorted(path.rglob("*"), key=lambda p: p.relative_to(path).as_posix()):
+            info = tar.gettarinfo(str(member), arcname=member.relative_to(path).as_posix())
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = 0
+            info.mode = 0o755 if member.is_dir() else 0o644
+            if member.is_file():
+                size += info.size
+                with member.open("rb") as handle:
+                    tar.addfile(info, handle)
+            elif member.is_dir():
+                tar.addfile(info)
+            # Symlinks and other special files are not part of a model.
+    return sink.digest.hexdigest(), size
+
+
+class ArtifactStore:
+    """Directories under one root URL. Keys are relative POSIX paths."""
+
+    def __init__(self, root: str) -> None:
+        import fsspec  # the trainer's and model server's dependency, not every service's
+
+        self.root = root.rstrip("/")
+        protocol, _, rest = self.root.partition("://")
+        self._fs: Any
+        if not rest:
+            self._fs, self._base = fsspec.filesystem("file"), str(Path(root).resolve())
+        else:
+            try:
+                self._fs = fsspec.filesystem(protocol)
+            except (ImportError, ValueError) as exc:
+                raise FailedPrecondition(
+                    f"artifact store {root!r}: no fsspec backend for {protocol}:// ({exc})"
+                ) from exc
+            self._base = rest if protocol != "file" else str(Path("/" + rest.lstrip("/")))
+        from fsspec.implementations.local import LocalFileSystem
+
+        self.local = isinstance(self._fs, LocalFileSystem)
+
+    def path(self, key: str) -> str:
+        """The store's own path for ``key`` (a local path for a local store)."""
+        return f"{self._base}/{key.strip('/')}"
+
+    def uri(self, key: str) -> str:
+        path = self.path(key)
+        return Path(path).as_uri() if self.local else f"{self.root.partition('://')[0]}://{path}"
+
+    def exists(self, key: str) -> bool:
+        return bool(self._fs.exists(self.path(key)))
+
+    def put_dir(self, local: Path, key: str) -> str:
+        """Copy the tree at ``local`` to ``key``, replacing what was there;
+        returns the URI. A local store copies into a sibling first and
+        renames, so a reader never sees half a tree."""
+        target = self.path(key)
+        if self.local:
+            if Path(target).resolve() == local.resolve():
+                return self.uri(key)
+            staging = Path(f"{target}.partial")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(local, staging)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(staging, target)
+        else:
+            if self._fs.exists(target):
+                self._fs.rm(target, recursive=True)
+            self._fs.put(str(local), target, recursive=True)
+        return self.uri(key)
+
+    def get_dir(self, key: str, local: Path) -> bool:
+        """Copy ``key`` into ``local`` (replacing it); False when absent."""
+        source = self.path(key)
+        if not self._fs.exists(source):
+            return False
+        shutil.rmtree(local, ignore_errors=True)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        if self.local:
+            shutil.copytree(source, local)
+        else:
+            self._fs.get(source, str(local), recursive=True)
+        return True
+
+    def remove(self, key: str) -> None:
+        if self._fs.exists(self.path(key)):
+            self._fs.rm(self.path(key), recursive=True)
+
+
+def local_path(uri: str) -> Path:
+    """The local path of a ``file://`` URI (or a plain path)."""
+    if uri.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(uri).path))
+    if "://" in uri:
+        raise FailedPrecondition(f"{uri!r} is not a local artifact")
+    return Path(uri)

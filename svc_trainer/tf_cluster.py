@@ -1,0 +1,323 @@
+"""The processes of a multi-process TensorFlow strategy on this node.
+
+A TensorFlow cluster is a ``TF_CONFIG``: the addresses of every task (the
+``chief``, the ``worker``s, the ``ps``s) and which one a process is. The trial
+process is the chief (``multi_worker_mirrored``: worker 0; ``parameter_server``:
+the coordinator) and, when the trial names no cluster of its own, starts the
+other tasks here as child processes on free localhost ports:
+
+- ``python -m svc_trainer.tf_cluster worker --job DIR``: a MultiWorkerMirrored
+  worker. It trains the same model on its shard of the data (``DIR`` holds the
+  spec and the data, written by the chief) and reports nothing.
+- ``python -m svc_trainer.tf_cluster server``: a ``tf.distribute.Server`` (a
+  parameter server, or a worker the coordinator schedules steps on).
+
+Both read their task from ``TF_CONFIG``. On the other hosts of a multi-node
+cluster (``spec.tf_config``), ``server`` runs a ps or worker task of a
+parameter-server cluster as is; a MultiWorkerMirrored worker there is a
+trainer calling ``tf_runner.run`` with a tf_config naming its own (non-chief)
+task. Children never outlive the chief: ``LocalCluster`` terminates them when
+it closes, and each child exits by itself when its parent dies
+(``lifetime.die_with_parent``: a SIGKILLed trial process runs no cleanup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from shared.log import configure_logging, get_logger
+from svc_trainer.lifetime import die_with_parent
+from svc_trainer.plan import DataSplits, Hyperparams, RunSpec, TrialError
+
+log = get_logger("svc_trainer")
+
+# The chief waits this long for a child to exit on SIGTERM before SIGKILL.
+TERMINATE_GRACE_S = 5.0
+WATCH_INTERVAL_S = 0.5
+_PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Role:
+    """This process's place in a TensorFlow cluster.
+
+    ``cluster`` maps task types to "host:port" lists; empty for a
+    single-process strategy. ``local``: the chief started the other tasks on
+    this node itself (so they share its filesystem and its devices)."""
+
+    cluster: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    task_type: str = ""
+    task_index: int = 0
+    local: bool = True
+
+    @property
+    def is_chief(self) -> bool:
+        """The one task that reports, checkpoints and exports."""
+        if not self.cluster or self.task_type == "chief":
+            return True
+        return self.task_type == "worker" and self.task_index == 0 and "chief" not in self.cluster
+
+    def tf_config(self) -> str:
+        return json.dumps(
+            {
+                "cluster": {k: list(v) for k, v in self.cluster.items()},
+                "task": {"type": self.task_type, "index": self.task_index},
+            }
+        )
+
+    def for_task(self, task_type: str, task_index: int) -> Role:
+        return Role(self.cluster, task_type, task_index, self.local)
+
+
+def parse_tf_config(text: str) -> Role:
+    """A Role from a TF_CONFIG JSON; a missing ``task`` means the chief (or
+    worker 0 when the cluster has no chief). Raises TrialError when the JSON
+    is not a TF_CONFIG."""
+    try:
+        config = json.loads(text)
+        cluster = {str(k): [str(a) for a in v] for k, v in dict(config["cluster"]).items()}
+        task = dict(config.get("task") or {})
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TrialError(
+            f"tf_config is not a TF_CONFIG JSON: {exc}", reason="invalid_params"
+        ) from exc
+    default_type = "chief" if "chief" in cluster else "worker"
+    task_type = str(task.get("type", default_type))
+    task_index = int(task.get("index", 0))
+    if task_index >= len(cluster.get(task_type, ())):
+        raise TrialError(
+            f"tf_config task {task_type}:{task_index} is not in its cluster {sorted(cluster)}",
+            reason="invalid_params",
+        )
+    return Role(cluster, task_type, task_index, local=False)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct localhost ports that were free a moment ago.
+
+    All sockets stay bound until every port is picked, so the ports differ;
+    another process may still take one before TensorFlow binds it (rare: the
+    kernel hands out ephemeral ports round-robin)."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
+
+
+def local_multi_worker(workers: int) -> Role:
+    """Worker 0 (this process) of ``workers`` workers on localhost."""
+    addresses = [f"127.0.0.1:{p}" for p in free_ports(workers)]
+    return Role({"worker": addresses}, "worker", 0, local=True)
+
+
+def local_parameter_server(workers: int, ps: int) -> Role:
+    """The chief (this process, the coordinator) of a localhost cluster of
+    ``workers`` workers and ``ps`` parameter servers."""
+    ports = [f"127.0.0.1:{p}" for p in free_ports(1 + workers + ps)]
+    cluster = {"chief": ports[:1], "worker": ports[1 : 1 + workers], "ps": ports[1 + workers :]}
+    return Role(cluster, "chief", 0, local=True)
+
+
+# -- job files -------------------------------------------------------------------------
+
+_ARRAYS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
+
+
+def write_job(directory: Path, spec: RunSpec, data: DataSplits) -> None:
+    """The spec (JSON) and the data (.npz, no pickles) a worker trains on."""
+    spec_doc = asdict(spec)
+    spec_doc["options"] = dict(spec.options)
+    data_doc = {f.name: getattr(data, f.name) for f in fields(data) if f.name not in _ARRAYS}
+    data_doc["offsets"] = [list(o) for o in data.offsets]
+    (directory / "job.json").write_text(json.dumps({"spec": spec_doc, "data": data_doc}))
+    np.savez(directory / "data.npz", **{name: getattr(data, name) for name in _ARRAYS})
+
+
+def read_job(directory: Path) -> tuple[RunSpec, DataSplits]:
+    doc = json.loads((directory / "job.json").read_text())
+    spec_doc = dict(doc["spec"])
+    spec_doc["hparams"] = Hyperparams(**spec_doc["hparams"])
+    data_doc = dict(doc["data"])
+    data_doc["offsets"] = tuple(tuple(o) for o in data_doc["offsets"])
+    with np.load(directory / "data.npz", allow_pickle=False) as arrays:
+        loaded = {name: arrays[name] for name in _ARRAYS}
+    return RunSpec(**spec_doc), DataSplits(**data_doc, **loaded)
+
+
+# -- child processes -------------------------------------------------------------------
+
+
+class LocalCluster:
+    """The child tasks of a localhost cluster; a context manager that always
+    reaps them (SIGTERM, then SIGKILL after ``TERMINATE_GRACE_S``)."""
+
+    def __init__(self, role: Role, trial_id: str) -> None:
+        self.role = role
+        self._trial_id = trial_id
+        self._children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._job_dir: Path | None = None
+        self._closing = threading.Event()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start_workers(self, spec: RunSpec, data: DataSplits) -> None:
+        """Start every worker but this process's (MultiWorkerMirrored)."""
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self._trial_id)
+        self._job_dir = Path(tempfile.mkdtemp(prefix=f"tf-job-{safe}-"))
+        write_job(self._job_dir, spec, data)
+        for index in range(len(self.role.cluster.get("worker", ()))):
+            if (self.role.task_type, self.role.task_index) != ("worker", index):
+                self._start("worker", index, ["worker", "--job", str(self._job_dir)])
+
+    def start_servers(self) -> None:
+        """Start a server for every ps and worker task (ParameterServer)."""
+        for task_type in ("ps", "worker"):
+            for index in range(len(self.role.cluster.get(task_type, ()))):
+                self._start(task_type, index, ["server"])
+
+    def _start(self, task_type: str, index: int, args: list[str]) -> None:
+        # The child's environment is ours plus its TF_CONFIG: it is a standard TF task.
+        env = dict(os.environ)
+        env["TF_CONFIG"] = self.role.for_task(task_type, index).tf_config()
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        command = [sys.executable, "-m", "svc_trainer.tf_cluster", *args]
+        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        name = f"{task_type}:{index}"
+        self._children.append((name, process))
+        log.info("tf_cluster.started", trial_id=self._trial_id, task=name, pid=process.pid)
+
+    def watch(self, on_failure: Callable[[str, int], None]) -> None:
+        """Call ``on_failure(task, exit code)`` (once, from a thread) when a
+        child dies with an error before ``close``: a synchronous strategy's
+        collectives would otherwise wait for it forever."""
+
+        def poll() -> None:
+            while not self._closing.wait(WATCH_INTERVAL_S):
+                if failed := self.failed():
+                    if not self._closing.is_set():
+                        on_failure(*failed[0])
+                    return
+
+        threading.Thread(target=poll, name="tf-cluster-watch", daemon=True).start()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for _, p in self._children]
+
+    def failed(self) -> list[tuple[str, int]]:
+        """Children that exited with an error, with their exit codes."""
+        return [(n, rc) for n, p in self._children if (rc := p.poll()) is not None and rc != 0]
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for every child to exit on its own; whether they all did."""
+        deadline = time.monotonic() + timeout
+        for _, process in self._children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(max(0.0, deadline - time.monotonic()))
+        return all(p.poll() is not None for _, p in self._children)
+
+    def close(self) -> None:
+        self._closing.set()
+        for _, process in self._children:
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + TERMINATE_GRACE_S
+        for name, process in self._children:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            log.info(
+                "tf_cluster.reaped", trial_id=self._trial_id, task=name, code=process.returncode
+            )
+        self._children.clear()
+        if self._job_dir is not None:
+            shutil.rmtree(self._job_dir, ignore_errors=True)
+            self._job_dir = None
+
+
+def _serve() -> None:
+    import tensorflow as tf
+
+    resolver: Any = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if resolver.task_type == "ps":
+        # Parameter servers only hold variables: leave the GPUs to the workers.
+        tf.config.set_visible_devices([], "GPU")
+    server = tf.distribute.Server(
+        resolver.cluster_spec(),
+        job_name=resolver.task_type,
+        task_index=resolver.task_id,
+        protocol=resolver.rpc_layer or "grpc",
+        start=True,
+    )
+    log.info("tf_cluster.serving", task=f"{resolver.task_type}:{resolver.task_id}")
+    server.join()
+
+
+def _work(job: Path) -> None:
+    import tensorflow as tf
+
+    from svc_trainer import tf_runner
+
+    resolver: Any = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    cluster = {k: list(v) for k, v in resolver.cluster_spec().as_dict().items()}
+    role = Role(cluster, str(resolver.task_type), int(resolver.task_id), local=True)
+    spec, data = read_job(job)
+    tf_runner.train_as(role, spec, data, job / f"checkpoints-{role.task_type}-{role.task_index}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m svc_trainer.tf_cluster")
+    parser.add_argument("mode", choices=("worker", "server"))
+    parser.add_argument("--job", type=Path, help="the chief's job directory (worker)")
+    args = parser.parse_args(argv)
+    # First: a chief killed while this child imports TensorFlow must not leave it behind.
+    die_with_parent()
+    configure_logging("svc_trainer")
+    # SIGTERM from the chief: exit now (default handler), no half-finished cleanup.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if args.mode == "server":
+        _serve()
+    else:
+        if args.job is None:
+            parser.error("worker needs --job")
+        _work(args.job)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""A trial's PyTorch DDP run under torchrun, on one node or many.
+
+The multi-node path for PyTorch goes through torchrun's own rendezvous, not a
+scheduler of ours. Every node runs the same command; torchrun sets each
+rank's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT::
+
+    torchrun --nnodes 2 --nproc-per-node 4 \\
+        --rdzv-backend c10d --rdzv-endpoint HOST:29400 --rdzv-id STUDY-TRIAL \\
+        -m svc_trainer.torch_launch trial.json --out s3://bucket/runs/STUDY-TRIAL
+
+``trial.json`` is a ``TrialRequested`` in protobuf JSON (what the tuner
+publishes; ``aistack study`` shows them). Rank 0 prints one JSON line per
+epoch, checkpoints every epoch into ``--out``/checkpoints (so a restarted
+torchrun resumes), and at the end exports the model into ``--out``/model and
+prints the result with the model's sha256. ``--out`` must be reachable from
+every node for resuming (shared disk, or any fsspec URL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from shared.artifacts import ArtifactStore, digest
+from shared.contracts.aistack.v1 import tuning_pb2
+from svc_trainer import trials
+from svc_trainer.plan import StopReason, TrialError
+
+
+class _PrintChannel:
+    def started(self, resumed_from_step: int, note: str = "") -> None:
+        print(
+            json.dumps({"event": "started", "resumed_from_step": resumed_from_step, "note": note})
+        )
+
+    def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
+        print(json.dumps({"event": "epoch", "step": step, **trials.progress_metrics(metrics)}))
+        sys.stdout.flush()
+
+    def stop_requested(self) -> StopReason:
+        return StopReason.NONE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one trial's DDP under torchrun.")
+    parser.add_argument("trial", type=Path, help="a TrialRequested as protobuf JSON")
+    parser.add_argument("--out", required=True, help="a directory or fsspec URL")
+    parser.add_argument("--features-path", default="")
+    parser.add_argument("--mnist-path", default="")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    args = parser.parse_args(argv)
+    if "RANK" not in os.environ:
+        parser.error("run me under torchrun (RANK, WORLD_SIZE... are not set)")
+
+    from svc_trainer import data as datasets
+    from svc_trainer import torch_runner
+
+    request = json_format.Parse(args.trial.read_text(), tuning_pb2.TrialRequested())
+    store = ArtifactStore(args.out)
+    rank = int(os.environ["RANK"])
+    with tempfile.TemporaryDirectory() as scratch:
+        work = Path(scratch)
+        checkpoints = Path(store.path("checkpoints")) if store.local else work / "checkpoints"
+        if not store.local:
+            store.get_dir("checkpoints", checkpoints)
+        try:
+            spec = trials.run_spec(
+                request,
+                checkpoint_dir=checkpoints,
+                export_dir=work / "model",
+                tensorboard_dir=work / "tensorboard",
+                device=args.device,
+                threads=0,
+                world_size=int(os.environ["WORLD_SIZE"]),
+            )
+            wanted = trials.data_request(
+                request, features_path=args.features_path, mnist_path=args.mnist_path
+            )
+            data = datasets.load(
+                wanted.dataset, wanted.options, seed=wanted.seed, features_path=wanted.features_path
+            )
+        except TrialError as error:
+            print(json.dumps({"event": "failed", "reason": error.reason, "message": str(error)}))
+            return 2
+        result, model = torch_runner.train_under_launcher(spec, data, _PrintChannel())
+        if rank != 0:
+            return 0
+        if not store.local:
+            store.put_dir(checkpoints, "checkpoints")
+        torch_runner.export(model, data, work / "model")
+        sha, size = digest(work / "model")
+        uri = store.put_dir(work / "model", "model")
+    print(
+        json.dumps(
+            {
+                "event": "completed",
+                "epochs": result.epochs_completed,
+                "metrics": trials.progress_metrics({**result.val_metrics, **result.test_metrics}),
+                "model_uri": uri,
+                "sha256": sha,
+                "size_bytes": size,
+                "replica_digests": list(result.replica_digests),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""From a trial request to a run, and from a run to reports and a model-ready
+event. Pure: no Kafka, no frameworks.
+
+A trial's model is named by its task (``task.model_name``, else the study id)
+and versioned by trial number + 1, so versions rise with the study and a
+retried or redelivered trial republishes the same version (idempotent).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from shared.contracts.aistack.v1 import common_pb2, models_pb2, tuning_pb2
+from svc_trainer.plan import (
+    Hyperparams,
+    ParamScalar,
+    RunResult,
+    RunSpec,
+    TrialError,
+)
+from svc_trainer.trial_process import DataLoaded, DataRequest
+
+_FRAMEWORKS = {
+    common_pb2.FRAMEWORK_TORCH: "torch",
+    common_pb2.FRAMEWORK_TENSORFLOW: "tensorflow",
+}
+_FORMATS = {
+    "torch_export": models_pb2.ARTIFACT_FORMAT_TORCH_EXPORT,
+    "torchscript": models_pb2.ARTIFACT_FORMAT_TORCHSCRIPT,
+    "tf_saved_model": models_pb2.ARTIFACT_FORMAT_TF_SAVED_MODEL,
+}
+DEFAULT_MODEL_FAMILY = {"features": "mlp"}
+
+
+def params(request: tuning_pb2.TrialRequested) -> dict[str, ParamScalar]:
+    out: dict[str, ParamScalar] = {}
+    for name, value in request.params.items():
+        kind = value.WhichOneof("kind")
+        if kind is None:
+            raise TrialError(f"parameter {name!r} has no value", reason="invalid_params")
+        out[name] = getattr(value, kind)
+    return out
+
+
+def framework_name(request: tuning_pb2.TrialRequested) -> str:
+    return _FRAMEWORKS.get(request.task.framework, "")
+
+
+def model_name(request: tuning_pb2.TrialRequested) -> str:
+    return request.task.model_name or request.study_id
+
+
+def model_version(request: tuning_pb2.TrialRequested) -> str:
+    return str(request.trial_number + 1)
+
+
+def trial_key(request: tuning_pb2.TrialRequested) -> str:
+    """A path-safe key for the trial's checkpoints and runs."""
+    return f"{_safe(request.study_id)}/{request.trial_number}"
+
+
+def run_spec(
+    request: tuning_pb2.TrialRequested,
+    *,
+    checkpoint_dir: Path,
+    export_dir: Path,
+    tensorboard_dir: Path,
+    device: str,
+    threads: int,
+    world_size: int,
+    tf_config: str = "",
+) -> RunSpec:
+    """The run for ``request``; TrialError for what no trainer can train."""
+    task = request.task
+    framework = _FRAMEWORKS.get(task.framework)
+    if framework is None:
+        raise TrialError(
+            f"task.framework={task.framework}: expected FRAMEWORK_TORCH or FRAMEWORK_TENSORFLOW",
+            reason="unknown_framework",
+        )
+    if not task.dataset:
+        raise TrialError("task.dataset is empty", reason="unknown_dataset")
+    if task.epochs < 1:
+        raise TrialError(f"task.epochs={task.epochs}: expected at least 1", reason="invalid_params")
+    if not request.objective.metric:
+        raise TrialError("the trial names no objective metric", reason="unknown_metric")
+    seed = request.seed if request.HasField("seed") else zlib.crc32(request.trial_id.encode())
+    return RunSpec(
+        trial_id=request.trial_id,
+        study_id=request.study_id,
+        trial_number=request.trial_number,
+        attempt=request.attempt,
+        dataset=task.dataset,
+        model_family=task.model_family or DEFAULT_MODEL_FAMILY.get(task.dataset, "cnn"),
+        framework=framework,
+        strategy=task.strategy,
+        world_size=task.world_size or world_size,
+        epochs=task.epochs,
+        hparams=Hyperparams.from_params(params(request)),
+        seed=seed % (2**31),
+        objective_metric=request.objective.metric,
+        checkpoint_dir=str(checkpoint_dir),
+        export_dir=str(export_dir),
+        tensorboard_dir=str(tensorboard_dir),
+        device=device,
+        threads=threads,
+        tf_config=tf_config,
+        options=dict(task.options),
+    )
+
+
+def data_request(
+    request: tuning_pb2.TrialRequested, *, features_path: str, mnist_path: str
+) -> DataRequest:
+    options = dict(request.task.options)
+    if request.task.dataset == "mnist" and mnist_path:
+        options.setdefault("path", mnist_path)
+    # One split for every trial of a study, so their metrics compare.
+    return DataRequest(request.task.dataset, options, features_path=features_path, seed=0)
+
+
+def objective_value(result: RunResult, metric: str) -> float:
+    value = result.val_metrics.get(metric)
+    if value is None:
+        raise TrialError(f"the run reported no {metric!r}", reason="unknown_metric")
+    return float(value)
+
+
+def model_ready(
+    request: tuning_pb2.TrialRequested,
+    result: RunResult,
+    data: DataLoaded | None,
+    *,
+    artifact_uri: str,
+    sha256: str,
+    size_bytes: int,
+    trainer_id: str,
+) -> models_pb2.ModelReady:
+    created = Timestamp()
+    created.GetCurrentTime()
+    lineage = models_pb2.ModelLineage(
+        study_id=request.study_id,
+        trial_id=request.trial_id,
+        trial_number=request.trial_number,
+        data=models_pb2.DataLineage(
+            dataset=f"{data.name}@{data.version}" if data else request.task.dataset,
+            offsets=[
+                common_pb2.SourcePosition(topic=t, partition=p, offset=o)
+                for t, p, o in (data.offsets if data else ())
+            ],
+        ),
+    )
+    for name, value in request.params.items():
+        lineage.params[name].CopyFrom(value)
+    return models_pb2.ModelReady(
+        model_name=model_name(request),
+        version=model_version(request),
+        framework=request.task.framework,
+        format=_FORMATS[result.export_format],
+        artifact_uri=artifact_uri,
+        sha256=sha256,
+        size_bytes=size_bytes,
+        inputs=[_tensor(s.name, s.datatype, s.shape) for s in result.inputs],
+        outputs=[_tensor(s.name, s.datatype, s.shape) for s in result.outputs],
+        metrics={**result.val_metrics, **result.test_metrics},
+        objective=request.objective,
+        lineage=lineage,
+        created_time=created,
+        labels=_labels(request, data, trainer_id),
+    )
+
+
+def report(
+    request: tuning_pb2.TrialRequested, trainer_id: str, **event: object
+) -> tuning_pb2.TrialReport:
+    now = Timestamp()
+    now.GetCurrentTime()
+    return tuning_pb2.TrialReport(
+        trial_id=request.trial_id,
+        study_id=request.study_id,
+        attempt=request.attempt,
+        trainer_id=trainer_id,
+        report_time=now,
+        **event,  # type: ignore[arg-type]
+    )
+
+
+def progress_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """Finite values only (protobuf carries NaN, but dashboards choke on it)."""
+    return {k: float(v) for k, v in metrics.items() if v == v and abs(v) != float("inf")}
+
+
+def _tensor(name: str, datatype: str, shape: tuple[int, ...]) -> models_pb2.TensorSpec:
+    return models_pb2.TensorSpec(name=name, datatype=datatype, shape=list(shape))
+
+
+def _labels(
+    request: tuning_pb2.TrialRequested, data: DataLoaded | None, trainer_id: str
+) -> dict[str, str]:
+    return {
+        "strategy": request.task.strategy or "default",
+        "model_family": request.task.model_family
+        or DEFAULT_MODEL_FAMILY.get(request.task.dataset, "cnn"),
+        "dataset_version": data.version if data else "",
+        "dataset_source": data.source if data else "",
+        "trainer": trainer_id,
+        "attempt": str(request.attempt),
+        "refit": request.task.options.get("refit", "false"),
+    }
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text) or "_"

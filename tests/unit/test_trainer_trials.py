@@ -1,0 +1,189 @@
+"""From trial requests to runs and from runs to model-ready events; the
+trainer's parameters, settings and TensorBoard records. No broker."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from shared.artifacts import ArtifactStore, digest
+from shared.contracts.aistack.v1 import common_pb2, models_pb2, tuning_pb2
+from shared.errors import ConfigError
+from shared.settings import load_settings
+from svc_trainer import trials
+from svc_trainer.plan import Hyperparams, RunResult, TensorSig, TrialError
+from svc_trainer.settings import TrainerSettings
+from svc_trainer.trial_process import DataLoaded
+
+
+def request(**task: object) -> tuning_pb2.TrialRequested:
+    made = tuning_pb2.TrialRequested(
+        trial_id="study-a/4",
+        study_id="study-a",
+        trial_number=4,
+        attempt=2,
+        task=tuning_pb2.TrainingTask(
+            dataset="digits", framework=common_pb2.FRAMEWORK_TORCH, epochs=3, **task
+        ),
+        objective=common_pb2.Objective(metric="val_error", direction=common_pb2.DIRECTION_MINIMIZE),
+        seed=9,
+    )
+    made.params["learning_rate"].float_value = 0.01
+    made.params["units"].int_value = 64
+    made.params["activation"].string_value = "tanh"
+    return made
+
+
+def spec_of(made: tuning_pb2.TrialRequested, tmp: Path) -> object:
+    return trials.run_spec(
+        made,
+        checkpoint_dir=tmp / "c",
+        export_dir=tmp / "e",
+        tensorboard_dir=tmp / "t",
+        device="cpu",
+        threads=0,
+        world_size=2,
+    )
+
+
+def test_a_request_becomes_a_run(tmp_path: Path) -> None:
+    spec = trials.run_spec(
+        request(strategy="ddp"),
+        checkpoint_dir=tmp_path / "c",
+        export_dir=tmp_path / "e",
+        tensorboard_dir=tmp_path / "t",
+        device="cpu",
+        threads=1,
+        world_size=2,
+    )
+    assert spec.framework == "torch" and spec.strategy == "ddp" and spec.world_size == 2
+    assert spec.model_family == "cnn" and spec.epochs == 3 and spec.seed == 9
+    assert spec.hparams == Hyperparams(learning_rate=0.01, units=64, activation="tanh")
+    assert spec.objective_metric == "val_error" and spec.attempt == 2
+    assert trials.model_name(request()) == "study-a" and trials.model_version(request()) == "5"
+    assert trials.model_name(request(model_name="digits")) == "digits"
+    assert trials.trial_key(request()) == "study-a/4"
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda r: setattr(r.task, "framework", 0), "unknown_framework"),
+        (lambda r: setattr(r.task, "dataset", ""), "unknown_dataset"),
+        (lambda r: setattr(r.task, "epochs", 0), "invalid_params"),
+        (lambda r: r.params["dropout"].__setattr__("float_value", 1.5), "invalid_params"),
+        (lambda r: r.params["units"].__setattr__("float_value", 2.5), "invalid_params"),
+        (lambda r: r.params["optimizer"].__setattr__("string_value", "lion"), "invalid_params"),
+        (lambda r: r.params["kernel_width"].__setattr__("int_value", 4), "invalid_params"),
+        (lambda r: r.params["mystery"].__setattr__("int_value", 1), "invalid_params"),
+        (lambda r: r.objective.__setattr__("metric", ""), "unknown_metric"),
+    ],
+)
+def test_what_no_trainer_can_train_is_a_trial_error(
+    tmp_path: Path, change: object, reason: str
+) -> None:
+    made = request()
+    change(made)  # type: ignore[operator]
+    with pytest.raises(TrialError) as refused:
+        spec_of(made, tmp_path)
+    assert refused.value.reason == reason
+
+
+def test_an_integral_float_is_accepted_for_an_int_parameter() -> None:
+    assert Hyperparams.from_params({"units": 64.0}).units == 64
+
+
+def test_the_model_ready_event_carries_metrics_and_lineage(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.pt2").write_bytes(b"weights")
+    sha, size = digest(tmp_path / "model")
+    result = RunResult(
+        epochs_completed=3,
+        val_metrics={"val_error": 0.02, "val_accuracy": 0.98},
+        test_metrics={"test_error": 0.03},
+        export_format="torch_export",
+        inputs=(TensorSig("input", "FP32", (-1, 8, 8)),),
+        outputs=(TensorSig("probabilities", "FP32", (-1, 10)),),
+    )
+    data = DataLoaded("digits", "abc123", "sklearn digits", (("aistack.features.windows", 0, 42),))
+    ready = trials.model_ready(
+        request(),
+        result,
+        data,
+        artifact_uri="file:///x",
+        sha256=sha,
+        size_bytes=size,
+        trainer_id="t1",
+    )
+    assert (ready.model_name, ready.version) == ("study-a", "5")
+    assert ready.format == models_pb2.ARTIFACT_FORMAT_TORCH_EXPORT
+    assert ready.framework == common_pb2.FRAMEWORK_TORCH
+    assert dict(ready.metrics) == {"val_error": 0.02, "val_accuracy": 0.98, "test_error": 0.03}
+    assert ready.objective.metric == "val_error"
+    assert [(t.name, list(t.shape)) for t in ready.inputs] == [("input", [-1, 8, 8])]
+    assert ready.lineage.params["units"].int_value == 64
+    assert ready.lineage.data.dataset == "digits@abc123"
+    assert ready.lineage.data.offsets[0].offset == 42
+    assert ready.labels["trainer"] == "t1" and ready.labels["attempt"] == "2"
+    assert ready.sha256 == sha and ready.size_bytes == len(b"weights")
+
+
+def test_nan_metrics_stay_off_the_wire() -> None:
+    assert trials.progress_metrics({"a": 1.0, "b": math.nan, "c": math.inf}) == {"a": 1.0}
+
+
+def test_a_directory_digest_ignores_where_and_when(tmp_path: Path) -> None:
+    for name in ("one", "two"):
+        root = tmp_path / name
+        (root / "variables").mkdir(parents=True)
+        (root / "variables" / "data").write_bytes(b"\x00\x01")
+        (root / "saved_model.pb").write_bytes(b"graph")
+    (tmp_path / "two" / "saved_model.pb").touch()  # another mtime
+    assert digest(tmp_path / "one") == digest(tmp_path / "two")
+    (tmp_path / "two" / "saved_model.pb").write_bytes(b"graph!")
+    assert digest(tmp_path / "one")[0] != digest(tmp_path / "two")[0]
+
+
+def test_the_artifact_store_on_another_filesystem(tmp_path: Path) -> None:
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "state").write_bytes(b"epoch 3")
+    store = ArtifactStore(f"memory://aistack-{tmp_path.name}")
+    assert not store.local
+    uri = store.put_dir(tmp_path / "ckpt", "checkpoints/s/1")
+    assert uri.startswith("memory://") and store.exists("checkpoints/s/1")
+    assert store.get_dir("checkpoints/s/1", tmp_path / "back")
+    assert (tmp_path / "back" / "state").read_bytes() == b"epoch 3"
+    assert not store.get_dir("checkpoints/none", tmp_path / "nothing")
+
+
+def test_bad_trainer_settings_stop_start_up_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AISTACK_TRAINER_TF_CONFIG", "{not json")
+    with pytest.raises(ConfigError, match="AISTACK_TRAINER_TF_CONFIG"):
+        load_settings(TrainerSettings)
+    monkeypatch.delenv("AISTACK_TRAINER_TF_CONFIG")
+    monkeypatch.setenv("AISTACK_TRAINER_DEVICE", "tpu")
+    with pytest.raises(ConfigError, match="AISTACK_TRAINER_DEVICE"):
+        load_settings(TrainerSettings)
+
+
+def test_tensorboard_gets_hparams_and_scalars(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from svc_trainer.tensorboard import TrialBoard
+
+    board = TrialBoard(
+        tmp_path, "s/1", {"learning_rate": 0.01, "activation": "relu"}, ("loss", "val_error")
+    )
+    board.epoch(1, {"loss": 0.5, "val_error": 0.2, "skipped": math.nan})
+    board.epoch(2, {"loss": 0.3, "val_error": 0.1})
+    board.close()
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.value for e in events.Scalars("val_error")] == pytest.approx([0.2, 0.1])
+    assert "skipped" not in events.Tags()["scalars"]
+    plugin = events.PluginTagToContent("hparams")
+    assert "_hparams_/session_start_info" in plugin and "_hparams_/experiment" in plugin
