@@ -21,7 +21,9 @@ import hashlib
 import math
 import os
 import socket
+import sys
 import time
+import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -440,7 +442,19 @@ def _ddp(
 def _ddp_rank(rank: int, world: int, init: str, spec: RunSpec, data: DataSplits) -> None:
     die_with_parent()
     torch.manual_seed(spec.seed)
-    _ddp_train(rank, world, init, spec, data, _Silent(), check(spec, data))
+    code = 0
+    try:
+        _ddp_train(rank, world, init, spec, data, _Silent(), check(spec, data))
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        # Its work is done (the result went out through the collectives);
+        # skip the interpreter's teardown, where gloo's threads now and then
+        # abort the process ("terminate called without an active exception").
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def train_under_launcher(
