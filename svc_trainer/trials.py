@@ -50,6 +50,12 @@ def framework_name(request: tuning_pb2.TrialRequested) -> str:
     return _FRAMEWORKS.get(request.task.framework, "")
 
 
+def model_family(request: tuning_pb2.TrialRequested) -> str:
+    """The task's model family, else the dataset's usual one."""
+    task = request.task
+    return task.model_family or DEFAULT_MODEL_FAMILY.get(task.dataset, "cnn")
+
+
 def model_name(request: tuning_pb2.TrialRequested) -> str:
     return request.task.model_name or request.study_id
 
@@ -60,7 +66,7 @@ def model_version(request: tuning_pb2.TrialRequested) -> str:
 
 def trial_key(request: tuning_pb2.TrialRequested) -> str:
     """A path-safe key for the trial's checkpoints and runs."""
-    return f"{_safe(request.study_id)}/{request.trial_number}"
+    return f"{safe_name(request.study_id)}/{request.trial_number}"
 
 
 def run_spec(
@@ -95,7 +101,7 @@ def run_spec(
         trial_number=request.trial_number,
         attempt=request.attempt,
         dataset=task.dataset,
-        model_family=task.model_family or DEFAULT_MODEL_FAMILY.get(task.dataset, "cnn"),
+        model_family=model_family(request),
         framework=framework,
         strategy=task.strategy,
         world_size=task.world_size or world_size,
@@ -203,8 +209,7 @@ def _labels(
 ) -> dict[str, str]:
     return {
         "strategy": request.task.strategy or "default",
-        "model_family": request.task.model_family
-        or DEFAULT_MODEL_FAMILY.get(request.task.dataset, "cnn"),
+        "model_family": model_family(request),
         "dataset_version": data.version if data else "",
         "dataset_source": data.source if data else "",
         "trainer": trainer_id,
@@ -213,5 +218,6 @@ def _labels(
     }
 
 
-def _safe(text: str) -> str:
+def safe_name(text: str) -> str:
+    """``text`` usable as one path component (study ids, model names)."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text) or "_"

@@ -89,7 +89,7 @@ class Worker:
         self._metrics = metrics
         self._trainer_id = settings.replica_id()
         self._store = ArtifactStore(settings.artifact_location())
-        self._work = settings.common.state_dir / "trainer" / _safe(self._trainer_id)
+        self._work = settings.common.state_dir / "trainer" / trials.safe_name(self._trainer_id)
         self._running: _Running | None = None
         self._controls: OrderedDict[str, StopReason] = OrderedDict()
         self._revoked: set[tuple[str, int]] = set()
@@ -373,11 +373,7 @@ class Worker:
             if not stopping.is_set():
                 time.sleep(1.0)
         finally:
-            running.board.close()
-            running.process.close()
-            shutil.rmtree(running.export_dir, ignore_errors=True)
-            self._running = None
-            self._metrics.busy.set(0)
+            self._release(running)
             consumer.resume()
         self._metrics.trials.labels(outcome_name, framework).inc()
         self._metrics.trial_seconds.observe(time.monotonic() - running.started_at)
@@ -395,7 +391,7 @@ class Worker:
             return "pruned"
         sha, size = digest(running.export_dir)
         name, version = trials.model_name(request), trials.model_version(request)
-        uri = self._store.put_dir(running.export_dir, f"models/{_safe(name)}/{version}")
+        uri = self._store.put_dir(running.export_dir, f"models/{trials.safe_name(name)}/{version}")
         ready = trials.model_ready(
             request,
             result,
@@ -437,11 +433,17 @@ class Worker:
                 if isinstance(event, Epoch | Started | DataLoaded):
                     self._on_event(running, event)
         running.process.kill()
-        running.board.close()
-        running.process.close()
-        self._running = None
+        self._release(running)
         self._metrics.trials.labels("handed_back", trials.framework_name(running.request)).inc()
         log.info("trial.handed_back", trial_id=running.request.trial_id, step=running.last_step)
+
+    def _release(self, running: _Running) -> None:
+        """The trial is over here, whatever became of it."""
+        running.board.close()
+        running.process.close()
+        shutil.rmtree(running.export_dir, ignore_errors=True)
+        self._running = None
+        self._metrics.busy.set(0)
 
     # ---- publishing ----
 
@@ -471,7 +473,3 @@ class Worker:
 def _board_metrics(request: tuning_pb2.TrialRequested) -> tuple[str, ...]:
     names = ["loss", "samples_per_s", request.objective.metric]
     return tuple(dict.fromkeys(names))
-
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text) or "_"
