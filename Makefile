@@ -11,7 +11,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),$(HOME)/.local/bin/uv)
 VENV := .venv
 PY := $(VENV)/bin/python
 # Optional dependency groups installed by `make setup` (see pyproject.toml).
-EXTRAS ?= dev ingest transform tuner tuner-gp trainer
+EXTRAS ?= dev ingest transform tuner tuner-gp trainer model client bench
 STAMPS := .setup-stamps
 PROTOS := $(shell find proto -name '*.proto')
 
@@ -74,7 +74,7 @@ test-integration: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy shared compose loadgen svc_ingest svc_transform svc_tuner svc_trainer
+	$(VENV)/bin/mypy shared compose loadgen svc_ingest svc_transform svc_tuner svc_trainer svc_model
 
 bench: setup
 	$(PY) bench/bus_throughput.py
@@ -82,6 +82,7 @@ bench: setup
 	$(PY) bench/transform_latency.py
 	$(PY) bench/tuner_overhead.py
 	$(PY) bench/trainer_overhead.py
+	$(PY) bench/serving.py
 
 infra-up: setup
 	$(VENV)/bin/aistack infra up

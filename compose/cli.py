@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from compose import study
+from compose import predict, study
 from shared.errors import AistackError
 from shared.settings import load_settings
 
@@ -73,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     produce.add_argument("--topic", help="target topic (default: aistack.events.raw)")
     produce.set_defaults(run=_produce)
     study.add_parser(commands)
+    predict.add_parser(commands)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from shared.artifacts import ArtifactStore, digest
 from shared.bus.consumer import BusConsumer, BusTail, Record
-from shared.bus.deadletter import dead_letter_headers, from_undecodable
+from shared.bus.deadletter import from_undecodable
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import Unavailable, UndecodableRecord
@@ -147,12 +147,7 @@ class Worker:
         except UndecodableRecord as error:
             letter = from_undecodable(error, service=SERVICE)
             self._metrics.dead_letters.labels(letter.reason).inc()
-            self._producer.publish(
-                self._settings.dlq_topic,
-                letter,
-                key=record.key,
-                extra_headers=dead_letter_headers(letter),
-            )
+            self._producer.publish_dead_letter(self._settings.dlq_topic, letter)
             self._deliver()
             consumer.commit([record])
             log.warning("trial.dead_lettered", reason=letter.reason, message=letter.message)
@@ -401,7 +396,9 @@ class Worker:
             size_bytes=size,
             trainer_id=self._trainer_id,
         )
-        self._producer.publish(self._settings.models_topic, ready, key=name)
+        # One record per version: compaction keeps every version, so a restarted
+        # model server still knows the champion and the last versions.
+        self._producer.publish(self._settings.models_topic, ready, key=f"{name}/{version}")
         self._metrics.models_published.inc()
         value = trials.objective_value(result, metric)
         metrics = trials.progress_metrics({**result.val_metrics, **result.test_metrics})

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from shared.bus.consumer import BusConsumer, Record
-from shared.bus.deadletter import dead_letter, dead_letter_headers, from_undecodable
+from shared.bus.deadletter import dead_letter, from_undecodable
 from shared.bus.producer import BusProducer
 from shared.bus.topics import partition_count
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
@@ -221,12 +221,7 @@ class Tuner:
 
     def _dead_letter(self, letter: Any) -> None:
         self._metrics.dead_letters.labels(letter.reason).inc()
-        self._producer.publish(
-            self.settings.dlq_topic,
-            letter,
-            key=letter.original_key or None,
-            extra_headers=dead_letter_headers(letter),
-        )
+        self._producer.publish_dead_letter(self.settings.dlq_topic, letter)
         log.warning("report.dead_lettered", reason=letter.reason, message=letter.message)
 
     def _notify(self, changed: list[str]) -> None:

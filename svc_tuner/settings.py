@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from pydantic import Field, SecretStr
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from shared.bus.topics import (
@@ -16,19 +14,13 @@ from shared.bus.topics import (
     TUNING_TRIALS,
     TopicSpec,
 )
-from shared.rpc.server import ServerOptions
-from shared.settings import ServiceSettings
+from shared.rpc.settings import GrpcServerSettings
 
 
-class TunerSettings(ServiceSettings):
+class TunerSettings(GrpcServerSettings):
     model_config = SettingsConfigDict(env_prefix="AISTACK_TUNER_", frozen=True, extra="ignore")
 
     grpc_address: str = "0.0.0.0:50051"
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    # Clients must present a certificate signed by this CA (mutual TLS).
-    tls_client_ca_file: Path | None = None
-    auth_token: SecretStr | None = None
     trials_topic: str = TUNING_TRIALS
     reports_topic: str = TUNING_REPORTS
     control_topic: str = TUNING_CONTROL
@@ -48,15 +40,6 @@ class TunerSettings(ServiceSettings):
             control=self.control_topic,
             results=self.results_topic,
             dlq=self.dlq_topic,
-        )
-
-    def server_options(self) -> ServerOptions:
-        return ServerOptions(
-            address=self.grpc_address,
-            tls_cert_file=self.tls_cert_file,
-            tls_key_file=self.tls_key_file,
-            tls_client_ca_file=self.tls_client_ca_file,
-            auth_token=self.auth_token.get_secret_value() if self.auth_token else None,
         )
 
 

@@ -12,7 +12,13 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Generic, cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka import Message as KafkaMessage
 
 from shared.bus import envelope
@@ -197,10 +203,12 @@ class BusConsumer(Generic[MessageT]):
 
 
 class BusTail(Generic[MessageT]):
-    """Reads every partition of ``topics`` from where each ends now, outside
-    any consumer group: every reader sees every record published after it
-    started (e.g. control messages that all replicas must see). Nothing is
-    committed."""
+    """Reads every partition of ``topics`` outside any consumer group, from
+    where each ends now (every reader sees every record published after it
+    started, e.g. control messages that all replicas must see) or, with
+    ``from_beginning``, from the first record still in the log (a compacted
+    registry replayed on start; ``caught_up`` says when the records that were
+    there at start have all been read). Nothing is committed."""
 
     def __init__(
         self,
@@ -209,6 +217,7 @@ class BusTail(Generic[MessageT]):
         topics: Iterable[str],
         message_cls: type[MessageT],
         timeout: float = 30.0,
+        from_beginning: bool = False,
     ) -> None:
         self._consumer = Consumer(
             {
@@ -222,6 +231,8 @@ class BusTail(Generic[MessageT]):
         self._cls = message_cls
         metadata = self._consumer.list_topics(timeout=timeout)
         assignment = []
+        # Per partition: (first offset, end offset) as of now.
+        self._marks: dict[tuple[str, int], tuple[int, int]] = {}
         for topic in topics:
             described = metadata.topics.get(topic)
             if described is None or described.error is not None:
@@ -229,23 +240,34 @@ class BusTail(Generic[MessageT]):
             for partition in described.partitions:
                 # The end as of now, not as of the first fetch: nothing
                 # published after this constructor returns is missed.
-                end = self._end_offset(TopicPartition(topic, partition), timeout)
-                assignment.append(TopicPartition(topic, partition, end))
+                low, end = self._watermarks(TopicPartition(topic, partition), timeout)
+                self._marks[(topic, partition)] = (low, end)
+                start = OFFSET_BEGINNING if from_beginning else end
+                assignment.append(TopicPartition(topic, partition, start))
         self._consumer.assign(assignment)
+        self._assignment = assignment
 
-    def _end_offset(self, partition: TopicPartition, timeout: float) -> int:
+    def _watermarks(self, partition: TopicPartition, timeout: float) -> tuple[int, int]:
         # A topic created a moment ago may not have its leaders elected yet.
         deadline = time.monotonic() + timeout
         while True:
             try:
-                _, end = self._consumer.get_watermark_offsets(partition, timeout=timeout)
-                return int(end)
+                low, end = self._consumer.get_watermark_offsets(partition, timeout=timeout)
+                return int(low), int(end)
             except KafkaException as exc:
                 # Not leader / leader not available are not flagged retriable,
                 # yet pass in a moment: retry everything until the deadline.
                 if time.monotonic() > deadline:
                     raise Unavailable(f"no end offset for {partition.topic}: {exc}") from exc
                 time.sleep(0.2)
+
+    def caught_up(self) -> bool:
+        """Whether every record each partition held at start has been read."""
+        for position in self._consumer.position(self._assignment):
+            low, end = self._marks[(position.topic, position.partition)]
+            if end > low and position.offset < end:
+                return False
+        return True
 
     def poll_batch(self, max_records: int = 500, timeout: float = 1.0) -> list[Record[MessageT]]:
         raw = self._consumer.consume(max_records, timeout)

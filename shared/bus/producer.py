@@ -12,6 +12,8 @@ from google.protobuf.message import Message
 
 from shared.bus import envelope
 from shared.bus.codec import type_name
+from shared.bus.deadletter import dead_letter_headers
+from shared.contracts.aistack.v1 import events_pb2
 from shared.errors import Unavailable
 from shared.settings import KafkaSettings
 
@@ -91,6 +93,16 @@ class BusProducer:
             headers.extend(extra_headers)
         self._produce(topic, message.SerializeToString(), key, headers, partition)
         return event_id
+
+    def publish_dead_letter(self, topic: str, letter: events_pb2.DeadLetter) -> str:
+        """Queue a dead letter (rule 7): keyed like the original record, with
+        the ``error`` and ``source`` headers beside the envelope's."""
+        return self.publish(
+            topic,
+            letter,
+            key=letter.original_key or None,
+            extra_headers=dead_letter_headers(letter),
+        )
 
     def publish_raw(
         self,

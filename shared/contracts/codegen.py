@@ -80,7 +80,7 @@ def generate(out_dir: Path) -> None:
         ]
     )
     # Compiled from its own directory so its descriptor's file name is
-    # "grpc_predict_v2.proto", exactly as KServe's.
+    # "grpc_predict_v2.proto", exactly as KServe's (and Triton's index beside it).
     inference_out = out_dir / "inference"
     inference_out.mkdir(exist_ok=True)
     _protoc(
@@ -90,6 +90,7 @@ def generate(out_dir: Path) -> None:
             f"--pyi_out={inference_out}",
             f"--grpc_python_out={inference_out}",
             "grpc_predict_v2.proto",
+            "model_repository.proto",
         ]
     )
     for pkg in (out_dir / "aistack", out_dir / "aistack" / "v1", inference_out):

@@ -1,0 +1,300 @@
+"""The inference core: everything the Open Inference Protocol asks of a
+server, without gRPC (the servicer is a thin adapter over this).
+
+Errors are raised as aistack errors (NotFound, InvalidArgument,
+ResourceExhausted, …); the shared server maps them to status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shared.contracts.aistack.v1 import models_pb2
+from shared.contracts.inference import grpc_predict_v2_pb2 as pb
+from shared.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from shared.log import get_logger
+from shared.rpc.errors import status_for
+from svc_model import features as entity
+from svc_model.features import OnlineFeatures
+from svc_model.loading import Loaded, Loader
+from svc_model.metrics import ModelMetrics
+from svc_model.repository import IndexEntry, Repository, Served, version_number
+from svc_model.runners import ArtifactRejected
+from svc_model.settings import ModelSettings
+from svc_model.tensors import batch_rows, decode_inputs, encode_outputs
+
+log = get_logger("svc_model")
+
+SERVER_NAME = "aistack"
+SERVER_VERSION = "0.1.0"
+EXTENSIONS = ("model_repository", "binary_tensor_data", "parameters", "entity_features")
+UNKNOWN_MODEL_LABEL = "_unknown"
+
+Rejected = Callable[[models_pb2.ModelReady, ArtifactRejected], None]
+
+
+class InferenceCore:
+    def __init__(
+        self,
+        settings: ModelSettings,
+        loader: Loader,
+        loading_executor: Executor,
+        metrics: ModelMetrics,
+        features: OnlineFeatures | None = None,
+    ) -> None:
+        self.settings = settings
+        self.repository = Repository(settings.policy, settings.keep_versions)
+        self._loader = loader
+        self._loading = loading_executor
+        self._metrics = metrics
+        self._features = features
+        self._in_flight = 0
+        self.replayed = asyncio.Event()
+        self.on_rejected: Rejected = lambda event, error: None
+
+    # ---- health ----
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        return self.replayed.is_set()
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        if name not in self.repository.names():
+            raise NotFound(f"unknown model {name!r}")
+        try:
+            self.repository.resolve(name, version)
+        except NotFound:
+            return False
+        return True
+
+    # ---- models from the bus ----
+
+    async def replay(self, events: Iterable[models_pb2.ModelReady]) -> None:
+        """Rebuild the repository from the whole topic: learn every version,
+        then load only those the policy keeps (the champion and the newest)."""
+        names: set[str] = set()
+        for event in events:
+            if self._acceptable(event):
+                self.repository.know(event)
+                names.add(event.model_name)
+        for name in sorted(names):
+            await asyncio.gather(*(self._load(e) for e in self.repository.wanted(name)))
+        self.replayed.set()
+        log.info("models.replayed", models=len(names), index=len(self.repository.index()))
+
+    async def offer(self, event: models_pb2.ModelReady) -> None:
+        """A model-ready event that arrived after the replay."""
+        if not self._acceptable(event):
+            return
+        self.repository.know(event)
+        try:
+            current = self.repository.resolve(event.model_name, event.version)
+        except NotFound:
+            current = None
+        if current is not None and current.event.sha256 == event.sha256:
+            return  # a redelivery
+        if self.repository.is_unloaded(event.model_name):
+            return  # loads again on RepositoryModelLoad
+        await self._load(event)
+
+    def _acceptable(self, event: models_pb2.ModelReady) -> bool:
+        try:
+            version_number(event.version)
+            if not event.model_name:
+                raise InvalidArgument("the event names no model")
+        except InvalidArgument as exc:
+            error = ArtifactRejected(str(exc), reason="bad_event")
+            self._reject(event, error)
+            return False
+        return True
+
+    async def _load(self, event: models_pb2.ModelReady) -> bool:
+        loop = asyncio.get_running_loop()
+        try:
+            served = await loop.run_in_executor(self._loading, self._loader.load, event)
+        except ArtifactRejected as error:
+            self.repository.failed(event.model_name, event.version, error.reason)
+            self._reject(event, error)
+            return False
+        self._install(served)
+        return True
+
+    def _install(self, served: Served) -> None:
+        change = self.repository.install(served)
+        name = served.name
+        self._metrics.loads.labels(name).inc()
+        self._metrics.loaded_versions.labels(name).set(len(self.repository.loaded_versions(name)))
+        champion = self.repository.champion(name)
+        if champion is not None:
+            self._metrics.serving_version.labels(name).set(champion.version)
+        log.info(
+            "model.installed",
+            model=name,
+            version=served.version,
+            promoted=change.promoted,
+            serving=champion.version if champion else None,
+            evicted=[s.version for s in change.evicted],
+        )
+
+    def _reject(self, event: models_pb2.ModelReady, error: ArtifactRejected) -> None:
+        self._metrics.load_failures.labels(event.model_name or "_", error.reason).inc()
+        log.warning(
+            "model.rejected",
+            model=event.model_name,
+            version=event.version,
+            reason=error.reason,
+            error=str(error),
+        )
+        self.on_rejected(event, error)
+
+    # ---- the repository extension ----
+
+    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        return self.repository.index(ready_only)
+
+    async def load_model(self, name: str) -> None:
+        """Load ``name`` again (after an unload): the versions the policy keeps.
+        Raises NotFound, FailedPrecondition (no version could be loaded)."""
+        if not self.repository.known(name):
+            raise NotFound(f"unknown model {name!r}")
+        self.repository.reloading(name)
+        wanted = [
+            e
+            for e in self.repository.wanted(name)
+            if version_number(e.version) not in self.repository.loaded_versions(name)
+        ]
+        results = await asyncio.gather(*(self._load(e) for e in wanted))
+        if wanted and not any(results) and not self.repository.loaded_versions(name):
+            raise FailedPrecondition(f"model {name!r}: no version could be loaded")
+
+    def unload_model(self, name: str) -> None:
+        """Stop serving ``name``. Requests already running finish. Raises NotFound."""
+        dropped = self.repository.unload(name)
+        self._metrics.loaded_versions.labels(name).set(0)
+        log.info("model.unloaded", model=name, versions=[s.version for s in dropped])
+
+    # ---- metadata ----
+
+    def model_metadata(self, name: str, version: str = "") -> pb.ModelMetadataResponse:
+        served = self.repository.resolve(name, version)
+        loaded: Loaded = served.executor
+        response = pb.ModelMetadataResponse(
+            name=name,
+            versions=[str(v) for v in self.repository.loaded_versions(name)],
+            platform=loaded.runner.platform,
+        )
+        for sig in loaded.runner.inputs:
+            response.inputs.add(name=sig.name, datatype=sig.datatype, shape=sig.shape)
+        for sig in loaded.runner.outputs:
+            response.outputs.add(name=sig.name, datatype=sig.datatype, shape=sig.shape)
+        return response
+
+    # ---- inference ----
+
+    async def infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        """Raises ResourceExhausted (over the concurrency limit), NotFound
+        (model, version), InvalidArgument (inputs, outputs, parameters)."""
+        if self._in_flight >= self.settings.max_concurrent_requests:
+            self._metrics.requests.labels(self._label(request), "RESOURCE_EXHAUSTED").inc()
+            raise ResourceExhausted(
+                f"{self._in_flight} requests in flight, the limit is "
+                f"{self.settings.max_concurrent_requests}: retry later"
+            )
+        self._in_flight += 1
+        self._metrics.in_flight.inc()
+        started = time.perf_counter()
+        code = "OK"
+        try:
+            return await self._infer(request)
+        except Exception as exc:
+            code = status_for(exc).name
+            raise
+        finally:
+            self._in_flight -= 1
+            self._metrics.in_flight.dec()
+            label = self._label(request)
+            self._metrics.requests.labels(label, code).inc()
+            if code == "OK":
+                self._metrics.latency.labels(label).observe(time.perf_counter() - started)
+
+    def _label(self, request: pb.ModelInferRequest) -> str:
+        # Names nobody loaded stay out of the label set (a scanner must not
+        # be able to grow it without bound).
+        name = request.model_name
+        return name if name in self.repository.names() else UNKNOWN_MODEL_LABEL
+
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        served = self.repository.resolve(request.model_name, request.model_version)
+        loaded: Loaded = served.executor
+        runner = loaded.runner
+        known_outputs = {sig.name for sig in runner.outputs}
+        for wanted in request.outputs:
+            if wanted.name not in known_outputs:
+                raise InvalidArgument(
+                    f"unknown output {wanted.name!r}: model {served.name!r} has "
+                    f"{sorted(known_outputs)}"
+                )
+        arrays = await self._inputs(request, served)
+        rows = batch_rows(arrays) if runner.batched else 1
+        outputs = await loaded.batcher.submit(arrays, rows)
+        response = pb.ModelInferResponse(
+            model_name=served.name, model_version=str(served.version), id=request.id
+        )
+        encode_outputs(
+            outputs,
+            runner.outputs,
+            request.outputs,
+            response,
+            raw=bool(request.raw_input_contents),
+        )
+        return response
+
+    async def _inputs(self, request: pb.ModelInferRequest, served: Served) -> dict[str, Any]:
+        parameters = request.parameters
+        if entity.ENTITY_PARAMETER not in parameters:
+            runner = served.executor.runner
+            return decode_inputs(request, runner.inputs)
+        return await self._entity_inputs(request, served)
+
+    async def _entity_inputs(
+        self, request: pb.ModelInferRequest, served: Served
+    ) -> dict[str, NDArray[np.float32]]:
+        runner = served.executor.runner
+        if request.inputs or request.raw_input_contents:
+            raise InvalidArgument(
+                f"parameter {entity.ENTITY_PARAMETER!r} replaces the inputs: send one or the other"
+            )
+        entity_id = _string_parameter(request, entity.ENTITY_PARAMETER)
+        field = (
+            _string_parameter(request, entity.FEATURE_PARAMETER)
+            if entity.FEATURE_PARAMETER in request.parameters
+            else served.event.labels.get(entity.FEATURE_LABEL, "")
+        )
+        if len(runner.inputs) != 1 or len(runner.inputs[0].shape) != 2:
+            raise FailedPrecondition(
+                f"model {served.name!r} does not take one row of features: it cannot be "
+                "fed by entity"
+            )
+        sig = runner.inputs[0]
+        if sig.datatype != "FP32" or sig.shape[1] < 1:
+            raise FailedPrecondition(f"model {served.name!r} input {sig.name!r} is not FP32 rows")
+        if self._features is None:
+            raise FailedPrecondition("this server has no online store configured")
+        row = await self._features.row(entity_id, field, sig.shape[1])
+        return {sig.name: row[np.newaxis, :]}
+
+
+def _string_parameter(request: pb.ModelInferRequest, name: str) -> str:
+    parameter = request.parameters[name]
+    if parameter.WhichOneof("parameter_choice") != "string_param":
+        raise InvalidArgument(f"parameter {name!r} must be a string")
+    return parameter.string_param

@@ -1,0 +1,67 @@
+"""From a model-ready event to a servable version: its runner and its queue."""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.contracts.aistack.v1 import models_pb2
+from shared.log import get_logger
+from svc_model import runners
+from svc_model.batching import Batcher
+from svc_model.metrics import ModelMetrics
+from svc_model.repository import Served, version_number
+from svc_model.runners import Runner
+from svc_model.settings import ModelSettings
+
+log = get_logger("svc_model")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    runner: Runner
+    batcher: Batcher
+
+
+class Loader:
+    def __init__(self, settings: ModelSettings, executor: Executor, metrics: ModelMetrics) -> None:
+        self._settings = settings
+        self._executor = executor
+        self._metrics = metrics
+        self._cache: Path = settings.cache_dir()
+
+    def load(self, event: models_pb2.ModelReady) -> Served:
+        """Fetch, verify and load (blocking: call it from a thread).
+        Raises ArtifactRejected, InvalidArgument (a bad version string)."""
+        number = version_number(event.version)
+        directory = runners.fetch(event, self._cache)
+        runner = runners.load(event, directory, self._settings.intra_op_threads)
+        settings = self._settings
+        merge = settings.batching and runner.batched
+        name = event.model_name
+        batch_rows = self._metrics.batch_rows.labels(name)
+        queue_delay = self._metrics.queue_delay.labels(name)
+
+        def observe(rows: int, waits: list[float]) -> None:
+            batch_rows.observe(rows)
+            for waited in waits:
+                queue_delay.observe(waited)
+
+        batcher = Batcher(
+            runner.run,
+            self._executor,
+            max_batch_size=settings.max_batch_size if merge else 1,
+            max_queue_delay_s=settings.max_queue_delay_us / 1e6,
+            instances=settings.instances,
+            observe=observe,
+        )
+        log.info(
+            "model.loaded",
+            model=name,
+            version=number,
+            platform=runner.platform,
+            batching=merge,
+            path=str(directory),
+        )
+        return Served(name=name, version=number, event=event, executor=Loaded(runner, batcher))

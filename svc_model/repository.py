@@ -1,0 +1,216 @@
+"""Which versions of which models are loaded, and which one serves.
+
+Pure bookkeeping, run on the server's event loop (no locks needed): the
+registry hands in loaded versions, the inference core asks for the version a
+request names. Replacing the champion is one assignment: a request that
+already holds a version finishes on it, whatever is promoted meanwhile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.contracts.aistack.v1 import common_pb2, models_pb2
+from shared.errors import InvalidArgument, NotFound
+from svc_model.settings import Policy
+
+READY = "READY"
+UNAVAILABLE = "UNAVAILABLE"
+UNLOADED = "UNLOADED"
+
+
+@dataclass(eq=False)
+class Served:
+    """One loaded version. ``executor`` runs it (a batcher or a plain runner)."""
+
+    name: str
+    version: int
+    event: models_pb2.ModelReady
+    executor: Any
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    name: str
+    version: str
+    state: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Change:
+    promoted: bool
+    evicted: tuple[Served, ...] = ()
+
+
+@dataclass
+class _Model:
+    loaded: dict[int, Served] = field(default_factory=dict)
+    champion: Served | None = None
+    # Every event seen, loaded or not: what a RepositoryModelLoad reloads from.
+    known: dict[int, models_pb2.ModelReady] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+    unloaded: bool = False
+
+
+def version_number(version: str) -> int:
+    """A version as Triton has them: a decimal integer >= 1."""
+    if not version.isdigit() or int(version) < 1:
+        raise InvalidArgument(f"model version must be a positive integer, got {version!r}")
+    return int(version)
+
+
+def objective_value(event: models_pb2.ModelReady) -> float | None:
+    """The event's value of its own objective, oriented so that lower is better."""
+    metric = event.objective.metric
+    if not metric or metric not in event.metrics:
+        return None
+    value = event.metrics[metric]
+    if math.isnan(value):
+        return None
+    return -value if event.objective.direction == common_pb2.DIRECTION_MAXIMIZE else value
+
+
+def better(new: models_pb2.ModelReady, current: models_pb2.ModelReady, policy: Policy) -> bool:
+    """Whether ``new`` should replace ``current`` as the serving version."""
+    newer = version_number(new.version) > version_number(current.version)
+    if policy == "latest":
+        return newer
+    new_value, current_value = objective_value(new), objective_value(current)
+    if new_value is None:
+        return current_value is None and newer
+    if current_value is None:
+        return True
+    return new_value < current_value
+
+
+def wanted(events: Iterable[models_pb2.ModelReady], policy: Policy, keep: int) -> list[int]:
+    """Which versions of one model to load, from all its events: the champion
+    the rule picks over them in version order, and the ``keep`` newest."""
+    ordered = sorted(events, key=lambda e: version_number(e.version))
+    if not ordered:
+        return []
+    champion = ordered[0]
+    for event in ordered[1:]:
+        if better(event, champion, policy):
+            champion = event
+    newest = [version_number(e.version) for e in ordered[-keep:]]
+    return sorted({version_number(champion.version), *newest})
+
+
+class Repository:
+    def __init__(self, policy: Policy, keep_versions: int) -> None:
+        self.policy = policy
+        self.keep = keep_versions
+        self._models: dict[str, _Model] = {}
+
+    # ---- what the registry feeds in ----
+
+    def know(self, event: models_pb2.ModelReady) -> None:
+        model = self._models.setdefault(event.model_name, _Model())
+        model.known[version_number(event.version)] = event
+
+    def known(self, name: str) -> list[models_pb2.ModelReady]:
+        model = self._models.get(name)
+        return [] if model is None else [model.known[v] for v in sorted(model.known)]
+
+    def wanted(self, name: str) -> list[models_pb2.ModelReady]:
+        model = self._models.get(name)
+        if model is None:
+            return []
+        return [model.known[v] for v in wanted(model.known.values(), self.policy, self.keep)]
+
+    def install(self, served: Served) -> Change:
+        """Add a loaded version; promote it if the policy says so; evict
+        versions beyond the newest ``keep`` (never the champion)."""
+        model = self._models.setdefault(served.name, _Model())
+        model.known.setdefault(served.version, served.event)
+        model.failed.pop(served.version, None)
+        model.loaded[served.version] = served
+        promoted = model.champion is None or better(served.event, model.champion.event, self.policy)
+        if promoted:
+            model.champion = served
+        keep = set(sorted(model.loaded)[-self.keep :])
+        if model.champion is not None:
+            keep.add(model.champion.version)
+        evicted = tuple(model.loaded.pop(v) for v in sorted(model.loaded) if v not in keep)
+        return Change(promoted=promoted, evicted=evicted)
+
+    def failed(self, name: str, version: str, reason: str) -> None:
+        model = self._models.setdefault(name, _Model())
+        model.failed[version_number(version)] = reason
+
+    def unload(self, name: str) -> tuple[Served, ...]:
+        """Stop serving ``name``; returns what was loaded (for the caller to release)."""
+        model = self._model(name)
+        dropped = tuple(model.loaded.values())
+        model.loaded.clear()
+        model.champion = None
+        model.unloaded = True
+        return dropped
+
+    def is_unloaded(self, name: str) -> bool:
+        model = self._models.get(name)
+        return model is not None and model.unloaded
+
+    def reloading(self, name: str) -> None:
+        self._model(name).unloaded = False
+
+    # ---- what requests ask ----
+
+    def resolve(self, name: str, version: str = "") -> Served:
+        """The version a request names, or the champion when it names none.
+        Raises NotFound (unknown model, unloaded, version not loaded)."""
+        model = self._models.get(name)
+        if model is None or (not model.loaded and not model.known):
+            raise NotFound(f"unknown model {name!r}")
+        if model.unloaded:
+            raise NotFound(f"model {name!r} is unloaded")
+        if not version:
+            if model.champion is None:
+                raise NotFound(f"model {name!r} has no version ready")
+            return model.champion
+        number = version_number(version)
+        served = model.loaded.get(number)
+        if served is None:
+            loaded = ", ".join(str(v) for v in sorted(model.loaded)) or "none"
+            raise NotFound(f"model {name!r} has no version {version} loaded (loaded: {loaded})")
+        return served
+
+    def names(self) -> list[str]:
+        return sorted(self._models)
+
+    def loaded_versions(self, name: str) -> list[int]:
+        model = self._models.get(name)
+        return [] if model is None else sorted(model.loaded)
+
+    def champion(self, name: str) -> Served | None:
+        model = self._models.get(name)
+        return None if model is None else model.champion
+
+    def index(self, ready_only: bool = False) -> list[IndexEntry]:
+        entries: list[IndexEntry] = []
+        for name in sorted(self._models):
+            model = self._models[name]
+            versions: Sequence[int] = sorted({*model.known, *model.loaded})
+            for version in versions:
+                if version in model.loaded:
+                    entry = IndexEntry(name, str(version), READY)
+                elif model.unloaded:
+                    entry = IndexEntry(name, str(version), UNLOADED)
+                elif version in model.failed:
+                    entry = IndexEntry(name, str(version), UNAVAILABLE, model.failed[version])
+                else:
+                    entry = IndexEntry(name, str(version), UNAVAILABLE, "not loaded")
+                if entry.state == READY or not ready_only:
+                    entries.append(entry)
+        return entries
+
+    def _model(self, name: str) -> _Model:
+        model = self._models.get(name)
+        if model is None:
+            raise NotFound(f"unknown model {name!r}")
+        return model

@@ -1,0 +1,298 @@
+"""From a model-ready event to something that computes: fetch, verify, load.
+
+The artifact is copied into the server's own cache and its sha256 is checked
+on that copy, which is the one loaded: bytes changed in the store after the
+check are never run. Formats are the ones that hold no pickle — a
+``torch.export`` program, TorchScript, a TensorFlow SavedModel.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shared.artifacts import digest, local_path
+from shared.contracts.aistack.v1 import models_pb2
+from shared.errors import AistackError
+from shared.log import get_logger
+from svc_model.tensors import TensorSig
+
+log = get_logger("svc_model")
+
+#: What svc_trainer writes inside a torch.export artifact directory.
+TORCH_EXPORT_FILE = "model.pt2"
+TORCHSCRIPT_FILE = "model.pt"
+SERVING_SIGNATURE = "serving_default"
+
+Arrays = Mapping[str, NDArray[Any]]
+
+
+class ArtifactRejected(AistackError):
+    """A model-ready event whose artifact cannot be served; the reason names why."""
+
+    reason = "artifact_rejected"
+
+
+CHECKSUM_MISMATCH = "checksum_mismatch"
+ARTIFACT_MISSING = "artifact_missing"
+UNLOADABLE = "unloadable"
+UNSUPPORTED_FORMAT = "unsupported_format"
+BAD_SIGNATURE = "bad_signature"
+
+
+@dataclass(frozen=True)
+class Runner:
+    """A loaded model: ``run`` maps input arrays by name to output arrays by name."""
+
+    inputs: tuple[TensorSig, ...]
+    outputs: tuple[TensorSig, ...]
+    run: Callable[[Arrays], dict[str, NDArray[Any]]]
+    platform: str
+
+    @property
+    def batched(self) -> bool:
+        """Whether every input and output has a leading batch dimension."""
+        return all(sig.shape[:1] == (-1,) for sig in (*self.inputs, *self.outputs))
+
+
+def signature(specs: Sequence[models_pb2.TensorSpec]) -> tuple[TensorSig, ...]:
+    return tuple(TensorSig(s.name, s.datatype, tuple(int(d) for d in s.shape)) for s in specs)
+
+
+def fetch(event: models_pb2.ModelReady, cache_dir: Path) -> Path:
+    """A private copy of the event's artifact whose sha256 matches the event's.
+
+    Raises ArtifactRejected (artifact_missing, checksum_mismatch)."""
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in event.model_name) or "_"
+    target = cache_dir / name / f"{event.version}-{event.sha256[:16]}"
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _copy(event.artifact_uri, staging)
+    except (OSError, AistackError) as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ArtifactRejected(
+            f"artifact {event.artifact_uri} cannot be read: {exc}", reason=ARTIFACT_MISSING
+        ) from exc
+    sha, _ = digest(staging)
+    if sha != event.sha256.lower():
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ArtifactRejected(
+            f"artifact {event.artifact_uri} has sha256 {sha}, the event says {event.sha256}",
+            reason=CHECKSUM_MISMATCH,
+        )
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def _copy(uri: str, destination: Path) -> None:
+    if "://" not in uri or uri.startswith("file://"):
+        source = local_path(uri)
+        if source.is_dir():
+            shutil.copytree(source, destination)
+        elif source.is_file():
+            destination.mkdir(parents=True)
+            shutil.copy2(source, destination / source.name)
+        else:
+            raise FileNotFoundError(f"no such file or directory: {source}")
+        return
+    import fsspec
+
+    filesystem, path = fsspec.core.url_to_fs(uri)
+    if not filesystem.exists(path):
+        raise FileNotFoundError(f"no such artifact: {uri}")
+    filesystem.get(path, str(destination), recursive=True)
+
+
+def load(event: models_pb2.ModelReady, directory: Path, intra_op_threads: int = 0) -> Runner:
+    """The runner for a verified artifact directory. Raises ArtifactRejected."""
+    inputs, outputs = signature(event.inputs), signature(event.outputs)
+    if not inputs or not outputs:
+        raise ArtifactRejected("the event lists no inputs or no outputs", reason=BAD_SIGNATURE)
+    fmt = event.format
+    try:
+        with _framework_lock:
+            run, platform = _load(fmt, directory, inputs, outputs, intra_op_threads)
+    except ArtifactRejected:
+        raise
+    except Exception as exc:  # whatever the framework raises on bad bytes
+        raise ArtifactRejected(
+            f"{directory.name}: the framework cannot load it: {type(exc).__name__}: {exc}",
+            reason=UNLOADABLE,
+        ) from exc
+    runner = Runner(inputs=inputs, outputs=outputs, run=run, platform=platform)
+    _smoke_test(runner)
+    return runner
+
+
+def _load(
+    fmt: int,
+    directory: Path,
+    inputs: tuple[TensorSig, ...],
+    outputs: tuple[TensorSig, ...],
+    intra_op_threads: int,
+) -> tuple[Callable[[Arrays], dict[str, NDArray[Any]]], str]:
+    if fmt == models_pb2.ARTIFACT_FORMAT_TORCH_EXPORT:
+        return _torch_export(directory, inputs, outputs, intra_op_threads), "pytorch_export"
+    if fmt == models_pb2.ARTIFACT_FORMAT_TORCHSCRIPT:
+        return _torchscript(directory, inputs, outputs, intra_op_threads), "pytorch_libtorch"
+    if fmt == models_pb2.ARTIFACT_FORMAT_TF_SAVED_MODEL:
+        return _saved_model(directory, inputs, outputs, intra_op_threads), "tensorflow_savedmodel"
+    name = models_pb2.ArtifactFormat.Name(fmt) if fmt in _FORMATS else str(fmt)
+    raise ArtifactRejected(f"cannot serve format {name}", reason=UNSUPPORTED_FORMAT)
+
+
+_FORMATS = set(models_pb2.ArtifactFormat.values())
+
+
+def _smoke_test(runner: Runner) -> None:
+    # One row of zeros through the model: a program that loads but cannot run
+    # its own signature is refused now, not on the first client's request.
+    example = {
+        sig.name: np.zeros([1 if d < 0 else d for d in sig.shape], _NUMPY[sig.datatype])
+        for sig in runner.inputs
+        if sig.datatype in _NUMPY
+    }
+    if len(example) != len(runner.inputs):
+        return
+    try:
+        out = runner.run(example)
+    except Exception as exc:
+        raise ArtifactRejected(
+            f"the model fails on its own signature: {type(exc).__name__}: {exc}",
+            reason=BAD_SIGNATURE,
+        ) from exc
+    missing = [sig.name for sig in runner.outputs if sig.name not in out]
+    if missing:
+        raise ArtifactRejected(
+            f"the model does not produce the outputs {missing} its event lists",
+            reason=BAD_SIGNATURE,
+        )
+
+
+_NUMPY: dict[str, Any] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+
+_torch_threads_lock = threading.Lock()
+# torch.export.load keeps its deserializer in a global: loads run one at a time.
+_framework_lock = threading.Lock()
+
+
+def _torch_threads(intra_op_threads: int) -> Any:
+    import torch
+
+    with _torch_threads_lock:
+        if intra_op_threads and torch.get_num_threads() != intra_op_threads:
+            torch.set_num_threads(intra_op_threads)
+    return torch
+
+
+def _torch_call(
+    module: Any, inputs: tuple[TensorSig, ...], outputs: tuple[TensorSig, ...]
+) -> Callable[[Arrays], dict[str, NDArray[Any]]]:
+    import torch
+
+    names = [sig.name for sig in inputs]
+    out_names = [sig.name for sig in outputs]
+
+    def run(arrays: Arrays) -> dict[str, NDArray[Any]]:
+        with torch.inference_mode():
+            result = module(*(torch.from_numpy(_writable(arrays[n])) for n in names))
+        if isinstance(result, torch.Tensor):
+            result = (result,)
+        elif isinstance(result, Mapping):
+            return {k: v.numpy() for k, v in result.items()}
+        return {name: tensor.numpy() for name, tensor in zip(out_names, result, strict=True)}
+
+    return run
+
+
+def _writable(array: NDArray[Any]) -> NDArray[Any]:
+    # Raw request contents are read-only views of the request's bytes; torch
+    # wants memory it may write (it does not, but warns): copy those only.
+    if array.flags.writeable and array.flags.c_contiguous:
+        return array
+    return np.array(array, order="C", copy=True)
+
+
+def _torch_export(
+    directory: Path,
+    inputs: tuple[TensorSig, ...],
+    outputs: tuple[TensorSig, ...],
+    intra_op_threads: int,
+) -> Callable[[Arrays], dict[str, NDArray[Any]]]:
+    torch = _torch_threads(intra_op_threads)
+    path = _one_file(directory, TORCH_EXPORT_FILE, ".pt2")
+    # torch.export.load reads a zip of the program and its tensors: no pickle.
+    return _torch_call(torch.export.load(str(path)).module(), inputs, outputs)
+
+
+def _torchscript(
+    directory: Path,
+    inputs: tuple[TensorSig, ...],
+    outputs: tuple[TensorSig, ...],
+    intra_op_threads: int,
+) -> Callable[[Arrays], dict[str, NDArray[Any]]]:
+    torch = _torch_threads(intra_op_threads)
+    path = _one_file(directory, TORCHSCRIPT_FILE, ".pt")
+    return _torch_call(torch.jit.load(str(path), map_location="cpu").eval(), inputs, outputs)
+
+
+def _one_file(directory: Path, preferred: str, suffix: str) -> Path:
+    if (directory / preferred).is_file():
+        return directory / preferred
+    found = sorted(directory.glob(f"*{suffix}"))
+    if len(found) != 1:
+        raise ArtifactRejected(
+            f"expected {preferred} (or one *{suffix} file) in the artifact", reason=UNLOADABLE
+        )
+    return found[0]
+
+
+def _saved_model(
+    directory: Path,
+    inputs: tuple[TensorSig, ...],
+    outputs: tuple[TensorSig, ...],
+    intra_op_threads: int,
+) -> Callable[[Arrays], dict[str, NDArray[Any]]]:
+    import tensorflow as tf
+
+    if intra_op_threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
+        except RuntimeError:
+            pass  # already initialised: the first setting stands
+    loaded = tf.saved_model.load(str(directory))
+    signatures = getattr(loaded, "signatures", {})
+    if SERVING_SIGNATURE not in signatures:
+        raise ArtifactRejected(
+            f"the SavedModel has no {SERVING_SIGNATURE!r} signature", reason=BAD_SIGNATURE
+        )
+    function = signatures[SERVING_SIGNATURE]
+    names = [sig.name for sig in inputs]
+
+    def run(arrays: Arrays) -> dict[str, NDArray[Any]]:
+        result = function(**{n: tf.constant(arrays[n]) for n in names})
+        return {k: v.numpy() for k, v in result.items()}
+
+    # The loaded object owns the variables the function reads: keep it alive.
+    run.__dict__["saved_model"] = loaded
+    return run

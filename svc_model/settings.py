@@ -1,0 +1,56 @@
+"""svc_model's settings: ``AISTACK_MODEL_*`` and the shared ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from shared.bus.topics import EVENTS_DLQ, MODELS_READY, TOPICS_BY_NAME, TopicSpec
+from shared.rpc.settings import GrpcServerSettings
+
+#: "champion": a new version serves only when its objective beats the serving
+#: one's; "latest": the newest version always serves.
+Policy = Literal["champion", "latest"]
+
+
+class ModelSettings(GrpcServerSettings):
+    model_config = SettingsConfigDict(env_prefix="AISTACK_MODEL_", frozen=True, extra="ignore")
+
+    # Triton's gRPC port, so that clients need no configuration.
+    grpc_address: str = "0.0.0.0:8001"
+    # Inference calls in flight beyond this are refused with RESOURCE_EXHAUSTED
+    # rather than queued without bound.
+    max_concurrent_requests: int = Field(default=256, ge=1, le=100_000)
+    models_topic: str = MODELS_READY
+    dlq_topic: str = EVENTS_DLQ
+    policy: Policy = "champion"
+    # Versions kept loaded per model besides the champion (newest first).
+    keep_versions: int = Field(default=2, ge=1, le=100)
+    # Dynamic batching (Triton's semantics): requests queued while the model is
+    # busy, or within the delay, run as one batch of at most max_batch_size rows.
+    batching: bool = True
+    max_batch_size: int = Field(default=64, ge=1, le=1 << 16)
+    max_queue_delay_us: int = Field(default=0, ge=0, le=10_000_000)
+    # Concurrent executions of one model version (Triton's instance count).
+    instances: int = Field(default=1, ge=1, le=64)
+    # Threads each framework uses inside one execution (0: the framework's default).
+    intra_op_threads: int = Field(default=0, ge=0, le=1024)
+    # svc_transform's online store: one hash per entity under this prefix.
+    online_key_prefix: str = "aistack:features:"
+    # Where artifacts on remote stores (s3://…) are copied before loading.
+    artifact_cache_dir: Path | None = None
+    # How long start-up waits to replay the models topic before giving up.
+    replay_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+    metrics_port: int = Field(default=9106, ge=0, le=65535)
+
+    def cache_dir(self) -> Path:
+        return self.artifact_cache_dir or self.common.state_dir / "model-cache"
+
+    def topic_specs(self) -> list[TopicSpec]:
+        return [
+            TOPICS_BY_NAME[MODELS_READY].named(self.models_topic),
+            TOPICS_BY_NAME[EVENTS_DLQ].named(self.dlq_topic),
+        ]

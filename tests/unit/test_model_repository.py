@@ -1,0 +1,110 @@
+"""svc_model's repository: the champion rule, what is kept, what a request gets."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.contracts.aistack.v1 import common_pb2, models_pb2
+from shared.errors import InvalidArgument, NotFound
+from svc_model.repository import Repository, Served, better, wanted
+
+
+def ready(
+    version: int,
+    value: float | None,
+    *,
+    direction: int = common_pb2.DIRECTION_MINIMIZE,
+    name: str = "m",
+) -> models_pb2.ModelReady:
+    event = models_pb2.ModelReady(
+        model_name=name,
+        version=str(version),
+        objective=common_pb2.Objective(metric="val_error", direction=direction),  # type: ignore[arg-type]
+    )
+    if value is not None:
+        event.metrics["val_error"] = value
+    return event
+
+
+def served(event: models_pb2.ModelReady) -> Served:
+    return Served(name=event.model_name, version=int(event.version), event=event, executor=None)
+
+
+@pytest.mark.parametrize(
+    ("new", "current", "policy", "expected"),
+    [
+        (ready(2, 0.1), ready(1, 0.2), "champion", True),
+        (ready(2, 0.3), ready(1, 0.2), "champion", False),
+        (ready(2, 0.2), ready(1, 0.2), "champion", False),  # a tie keeps the serving one
+        (ready(2, 0.3), ready(1, 0.2), "latest", True),
+        (ready(1, 0.1), ready(2, 0.2), "latest", False),
+        (ready(2, None), ready(1, 0.2), "champion", False),  # no value: never beats one
+        (ready(2, 0.9), ready(1, None), "champion", True),
+        (ready(2, None), ready(1, None), "champion", True),  # neither: the newer
+        (
+            ready(2, 0.9, direction=common_pb2.DIRECTION_MAXIMIZE),
+            ready(1, 0.8, direction=common_pb2.DIRECTION_MAXIMIZE),
+            "champion",
+            True,
+        ),
+    ],
+)
+def test_the_champion_rule(
+    new: models_pb2.ModelReady, current: models_pb2.ModelReady, policy: str, expected: bool
+) -> None:
+    assert better(new, current, policy) is expected  # type: ignore[arg-type]
+
+
+def test_install_promotes_only_better_versions_and_keeps_the_champion() -> None:
+    repository = Repository("champion", keep_versions=2)
+    assert repository.install(served(ready(1, 0.2))).promoted
+    assert not repository.install(served(ready(2, 0.3))).promoted
+    change = repository.install(served(ready(3, 0.4)))
+    # Newest two (2, 3) and the champion (1): nothing evicted yet.
+    assert not change.promoted and change.evicted == ()
+    change = repository.install(served(ready(4, 0.5)))
+    assert [s.version for s in change.evicted] == [2]
+    assert repository.loaded_versions("m") == [1, 3, 4]
+    assert repository.resolve("m").version == 1
+    change = repository.install(served(ready(5, 0.1)))
+    assert change.promoted
+    assert [s.version for s in change.evicted] == [1, 3]
+    assert repository.loaded_versions("m") == [4, 5]
+
+
+def test_resolve_names_what_is_missing() -> None:
+    repository = Repository("champion", keep_versions=2)
+    repository.install(served(ready(1, 0.2)))
+    assert repository.resolve("m", "1").version == 1
+    with pytest.raises(NotFound, match="unknown model 'x'"):
+        repository.resolve("x")
+    with pytest.raises(NotFound, match="no version 2 loaded"):
+        repository.resolve("m", "2")
+    with pytest.raises(InvalidArgument, match="positive integer"):
+        repository.resolve("m", "v1")
+    repository.unload("m")
+    with pytest.raises(NotFound, match="unloaded"):
+        repository.resolve("m")
+
+
+def test_replay_loads_the_champion_and_the_newest() -> None:
+    events = [ready(1, 0.3), ready(2, 0.1), ready(3, 0.4), ready(4, 0.5)]
+    assert wanted(events, "champion", keep=1) == [2, 4]
+    assert wanted(events, "champion", keep=3) == [2, 3, 4]
+    assert wanted(events, "latest", keep=1) == [4]
+    assert wanted([], "champion", keep=1) == []
+
+
+def test_the_index_shows_every_known_version_and_why_it_is_not_ready() -> None:
+    repository = Repository("champion", keep_versions=1)
+    for event in (ready(1, 0.3), ready(2, 0.1), ready(3, 0.2)):
+        repository.know(event)
+    repository.install(served(ready(2, 0.1)))
+    repository.failed("m", "3", "checksum_mismatch")
+    states = [(e.version, e.state, e.reason) for e in repository.index()]
+    assert states == [
+        ("1", "UNAVAILABLE", "not loaded"),
+        ("2", "READY", ""),
+        ("3", "UNAVAILABLE", "checksum_mismatch"),
+    ]
+    assert [e.version for e in repository.index(ready_only=True)] == ["2"]
