@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from compose import predict, study
 from shared.errors import AistackError
 from shared.settings import load_settings
+
+if TYPE_CHECKING:
+    from compose.stack import ServiceStatus
 
 
 def _infra(args: argparse.Namespace) -> int:
@@ -41,6 +45,75 @@ def _infra(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stack_line(status: ServiceStatus) -> str:
+    pid = str(status.pid) if status.pid is not None else "-"
+    return (
+        f"{status.name:<14} {status.state:<8} {pid:<8} "
+        f"{', '.join(status.addresses):<44} log: {status.log_file}"
+    )
+
+
+def _print_stack(statuses: list[ServiceStatus]) -> None:
+    for status in statuses:
+        print(_stack_line(status))
+        if status.state == "exited":
+            for line in (status.last_lines or "(empty log)").splitlines():
+                print(f"    {line}")
+
+
+def _stack(args: argparse.Namespace) -> int:
+    from compose.settings import StackSettings
+    from compose.stack import ServiceStack
+
+    stack = ServiceStack(load_settings(StackSettings))
+    if args.command == "up":
+        print(f"starting Kafka, Redis and {len(stack.names) - 2} services …", flush=True)
+        statuses = stack.up(progress=lambda s: print(f"ready: {s.name}", flush=True))
+    elif args.command == "down":
+        statuses = stack.down()
+    else:
+        statuses = stack.status()
+    _print_stack(statuses)
+    if args.command == "status":
+        return 0 if all(s.state == "running" for s in statuses) else 3
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from compose.settings import StackSettings
+    from compose.stack import ServiceStack, follow, last_lines
+
+    stack = ServiceStack(load_settings(StackSettings))
+    names = [args.service] if args.service else stack.names
+    files = {name: stack.log_file(name) for name in names}
+    # One service: its lines as they are; several: each prefixed with its name.
+    width = max(len(name) for name in names)
+
+    def show(name: str, line: str) -> None:
+        print(line if args.service else f"{name:<{width}} | {line}", flush=True)
+
+    for name, path in files.items():
+        for line in last_lines(path, args.lines).splitlines():
+            show(name, line)
+    if args.follow:
+        try:
+            for name, line in follow(files):
+                show(name, line)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def _non_negative(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {number}")
+    return number
+
+
 def _produce(args: argparse.Namespace) -> int:
     from loadgen.publish import run
 
@@ -55,6 +128,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     infra = commands.add_parser("infra", help="the local Kafka (KRaft) and Redis servers")
     infra.add_argument("action", choices=["up", "down", "status", "fetch"])
     infra.set_defaults(run=_infra)
+    for command, help_text in (
+        ("up", "start Kafka, Redis and every service as local processes; wait until ready"),
+        ("down", "stop every service (SIGTERM, then SIGKILL), then Kafka and Redis"),
+        ("status", "one line per service; exit status 3 when any is not running"),
+    ):
+        commands.add_parser(command, help=help_text).set_defaults(run=_stack)
+    logs = commands.add_parser("logs", help="the last lines of a service's log, or of all")
+    logs.add_argument("service", nargs="?", help="kafka, redis, svc_… (default: every one)")
+    logs.add_argument(
+        "-n", "--lines", type=_non_negative, default=20, help="lines to show (default 20)"
+    )
+    logs.add_argument("-f", "--follow", action="store_true", help="follow until Ctrl-C")
+    logs.set_defaults(run=_logs)
     # Values are strings here and checked by loadgen, so a bad one is one line.
     produce = commands.add_parser(
         "produce", help="publish synthetic raw events (good, bad, duplicate) to Kafka"

@@ -1,8 +1,10 @@
-"""Settings of the local launcher (``aistack infra``)."""
+"""Settings of the local launcher (``aistack infra``) and of the whole stack (``aistack up``)."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import NamedTuple
+
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.settings import CommonSettings
@@ -19,3 +21,102 @@ class InfraSettings(BaseSettings):
     start_timeout: float = Field(default=120.0, gt=0)
 
     common: CommonSettings = Field(default_factory=CommonSettings)
+
+
+class PortUse(NamedTuple):
+    """One port the stack listens on, and the setting that moves it."""
+
+    service: str
+    role: str
+    port: int
+    setting: str
+    # How the port follows from the setting, when it is not the setting itself.
+    note: str = ""
+
+
+#: Replica i of svc_trainer serves metrics on trainer_metrics_port + STEP·(i-1).
+TRAINER_METRICS_PORT_STEP = 10
+
+
+class StackSettings(BaseSettings):
+    """``aistack up``: the local infrastructure plus every service as a process.
+
+    One object configures both: ``infra`` is read from ``AISTACK_INFRA_*``,
+    the rest from ``AISTACK_STACK_*``. Every port is a setting so that a second
+    stack (a test's) can run beside the developer's.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="AISTACK_STACK_", frozen=True, extra="ignore")
+
+    trainers: int = Field(default=2, ge=1, le=64)
+    # How long the services may take, together, to become ready.
+    start_timeout: float = Field(default=180.0, gt=0)
+    tuner_port: int = Field(default=50051, ge=1, le=65535)
+    model_port: int = Field(default=8001, ge=1, le=65535)
+    # Metrics ports double as readiness probes: none may be 0 (off) here.
+    ingest_metrics_port: int = Field(default=9102, ge=1, le=65535)
+    transform_metrics_port: int = Field(default=9103, ge=1, le=65535)
+    tuner_metrics_port: int = Field(default=9104, ge=1, le=65535)
+    trainer_metrics_port: int = Field(default=9105, ge=1, le=65535)
+    model_metrics_port: int = Field(default=9106, ge=1, le=65535)
+
+    infra: InfraSettings = Field(default_factory=InfraSettings)
+
+    @model_validator(mode="after")
+    def _check_ports(self) -> StackSettings:
+        seen: dict[int, PortUse] = {}
+        for use in self.ports():
+            if not 0 < use.port < 65536:
+                raise ValueError(
+                    f"{use.setting} puts {use.service} {use.role} on port {use.port}, beyond 65535"
+                )
+            other = seen.setdefault(use.port, use)
+            if other is not use:
+                raise ValueError(
+                    f"port {use.port} is given twice: {other.service} {other.role} "
+                    f"({other.setting}) and {use.service} {use.role} ({use.setting})"
+                )
+        return self
+
+    def trainer_names(self) -> list[str]:
+        return [f"svc_trainer-{i}" for i in range(1, self.trainers + 1)]
+
+    def ports(self) -> list[PortUse]:
+        """Every port of the stack, infrastructure included, in start order."""
+        infra = self.infra
+        stack = "AISTACK_STACK_"
+        uses = [
+            PortUse("kafka", "", infra.kafka_port, "AISTACK_INFRA_KAFKA_PORT"),
+            PortUse(
+                "kafka",
+                "controller",
+                infra.kafka_controller_port,
+                "AISTACK_INFRA_KAFKA_CONTROLLER_PORT",
+            ),
+            PortUse("redis", "", infra.redis_port, "AISTACK_INFRA_REDIS_PORT"),
+            PortUse("svc_tuner", "gRPC", self.tuner_port, f"{stack}TUNER_PORT"),
+            PortUse("svc_tuner", "metrics", self.tuner_metrics_port, f"{stack}TUNER_METRICS_PORT"),
+            PortUse("svc_model", "gRPC", self.model_port, f"{stack}MODEL_PORT"),
+            PortUse("svc_model", "metrics", self.model_metrics_port, f"{stack}MODEL_METRICS_PORT"),
+            PortUse(
+                "svc_ingest", "metrics", self.ingest_metrics_port, f"{stack}INGEST_METRICS_PORT"
+            ),
+            PortUse(
+                "svc_transform",
+                "metrics",
+                self.transform_metrics_port,
+                f"{stack}TRANSFORM_METRICS_PORT",
+            ),
+        ]
+        for i, name in enumerate(self.trainer_names()):
+            offset = TRAINER_METRICS_PORT_STEP * i
+            uses.append(
+                PortUse(
+                    name,
+                    "metrics",
+                    self.trainer_metrics_port + offset,
+                    f"{stack}TRAINER_METRICS_PORT",
+                    f"replica {i + 1} uses it + {offset}" if offset else "",
+                )
+            )
+        return uses

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -127,7 +128,30 @@ def ensure_topics(
         if spec.name in outcome:
             continue
         outcome[spec.name] = _reconcile(admin, spec, existing[spec.name], partitions, timeout)
+    _await_listed(admin, [spec.name for spec in specs], timeout)
     return outcome
+
+
+def _await_listed(admin: AdminClient, names: list[str], timeout: float) -> None:
+    # A topic just created (by us or by a process racing us) takes a moment
+    # to reach the metadata every broker answers with: return only when the
+    # caller's next lookup will find them all.
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            listed = admin.list_topics(timeout=timeout).topics
+        except KafkaException as exc:
+            raise Unavailable(f"Kafka did not answer: {exc}") from exc
+        missing = [
+            n
+            for n in names
+            if n not in listed or listed[n].error is not None or not listed[n].partitions
+        ]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise Unavailable(f"topics {missing} were created but are not listed yet")
+        time.sleep(0.1)
 
 
 def partition_count(kafka: KafkaSettings, topic: str, *, timeout: float = 30.0) -> int:

@@ -1,12 +1,81 @@
+"""docker-compose.yml checked against the code: no Docker engine runs here."""
+
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import re
+import tomllib
+from pathlib import Path, PurePosixPath
+from typing import Any
 
+import pytest
 import yaml
+from pydantic_settings import BaseSettings
 
 from compose import kafka_dist
+from svc_ingest.settings import IngestSettings
+from svc_model.settings import ModelSettings
+from svc_trainer.settings import TrainerSettings
+from svc_transform.settings import TransformSettings
+from svc_tuner.settings import TunerSettings
+from tests import settings_catalog
 
-COMPOSE = Path(__file__).resolve().parents[2] / "compose" / "docker-compose.yml"
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose" / "docker-compose.yml"
+GPU_OVERRIDE = ROOT / "compose" / "docker-compose.gpu.yml"
+
+SERVICE_SETTINGS: dict[str, type[BaseSettings]] = {
+    "svc_ingest": IngestSettings,
+    "svc_transform": TransformSettings,
+    "svc_tuner": TunerSettings,
+    "svc_trainer": TrainerSettings,
+    "svc_model": ModelSettings,
+}
+GRPC_SERVICES = {
+    "svc_tuner": "aistack.v1.TunerService",
+    "svc_model": "inference.GRPCInferenceService",
+}
+
+
+def load(path: Path) -> dict[str, Any]:
+    spec = yaml.safe_load(path.read_text())
+    assert isinstance(spec, dict)
+    return spec
+
+
+def aistack_services() -> dict[str, dict[str, Any]]:
+    services: dict[str, dict[str, Any]] = load(COMPOSE)["services"]
+    return {name: s for name, s in services.items() if name.startswith("svc_")}
+
+
+def mounts(service: dict[str, Any]) -> dict[PurePosixPath, str]:
+    """Container path -> named volume, from the short ``volume:path`` syntax."""
+    out: dict[PurePosixPath, str] = {}
+    for mount in service.get("volumes", []):
+        volume, path = mount.split(":")[:2]
+        out[PurePosixPath(path)] = volume
+    return out
+
+
+def mount_of(service: dict[str, Any], location: str) -> tuple[str, PurePosixPath]:
+    """The named volume and mount point that hold ``location`` in ``service``."""
+    target = PurePosixPath(location)
+    for path, volume in mounts(service).items():
+        if target == path or path in target.parents:
+            return volume, path
+    raise AssertionError(f"{location} is on no volume of the service")
+
+
+def service_settings(
+    name: str, service: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> BaseSettings:
+    """The service's settings as its container builds them: only its environment."""
+    for variable in list(os.environ):
+        if variable.startswith("AISTACK_"):
+            monkeypatch.delenv(variable)
+    for variable, value in service["environment"].items():
+        monkeypatch.setenv(variable, str(value))
+    return SERVICE_SETTINGS[name]()
 
 
 def test_compose_file_parses_and_names_kafka_and_redis() -> None:
@@ -32,3 +101,153 @@ def test_compose_file_parses_and_names_kafka_and_redis() -> None:
     for service in services.values():
         for mount in service.get("volumes", []):
             assert mount.split(":")[0] in volumes
+
+
+def test_every_aistack_service_runs_and_every_service_package_is_there() -> None:
+    services = aistack_services()
+    packages = {p.parent.name for p in ROOT.glob("svc_*/__main__.py")}
+    assert set(services) == packages == set(SERVICE_SETTINGS)
+    for name, service in services.items():
+        assert (ROOT / name / "__main__.py").is_file()
+        assert service["command"] == ["python", "-m", name]
+
+
+def test_every_build_uses_the_dockerfile_with_existing_dependency_groups() -> None:
+    groups = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
+    for name, service in aistack_services().items():
+        build = service["build"]
+        context = (COMPOSE.parent / build["context"]).resolve()
+        assert (context / "pyproject.toml").is_file(), f"{name}: context is not the project root"
+        assert (context / build["dockerfile"]).is_file(), f"{name}: no {build['dockerfile']}"
+        extras = str(build["args"]["EXTRAS"]).split()
+        assert set(extras) <= groups, f"{name}: unknown groups {set(extras) - groups}"
+        assert name.removeprefix("svc_") in extras, f"{name}: its own group is not installed"
+        assert "dev" not in extras  # test tools stay out of the images
+
+
+def test_dockerfile_builds_what_the_services_need() -> None:
+    paths = {
+        (COMPOSE.parent / s["build"]["context"] / s["build"]["dockerfile"]).resolve()
+        for s in aistack_services().values()
+    }
+    assert len(paths) == 1, "one Dockerfile for every service"
+    text = paths.pop().read_text()
+    assert re.search(r"^ARG EXTRAS", text, re.MULTILINE)
+    assert "python:3.11-slim" in text
+    assert "uv sync --frozen" in text  # from uv.lock
+    assert "python -m shared.contracts.codegen" in text
+    assert "grpcio-tools" in text
+    assert "openjdk-17-jre-headless" in text  # Spark's driver in the transform image
+    assert "spark_dist.ensure_connector_jars" in text  # its Kafka connector, via Maven
+    # Settings the image itself sets (where the jars it built are) are real ones.
+    image_settings = set(re.findall(r"\b(AISTACK_[A-Z0-9_]+)=", text))
+    assert image_settings <= settings_catalog.env_names(), image_settings
+    # Every directory the build copies exists in the checkout.
+    for source in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.MULTILINE):
+        for path in source.split():
+            assert (ROOT / path).exists(), f"the Dockerfile copies {path}, which is missing"
+
+
+def test_every_aistack_variable_is_a_real_setting() -> None:
+    known = settings_catalog.env_names()
+    for name, service in load(COMPOSE)["services"].items():
+        environment = service.get("environment", {})
+        assert isinstance(environment, dict), f"{name}: environment must be a mapping"
+        unknown = sorted(v for v in environment if v.startswith("AISTACK_") and v not in known)
+        assert not unknown, f"{name}: not settings of the code: {unknown}"
+
+
+@pytest.mark.parametrize("name", sorted(SERVICE_SETTINGS))
+def test_each_service_environment_is_valid_and_uses_the_compose_network(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = load(COMPOSE)
+    service = spec["services"][name]
+    settings: Any = service_settings(name, service, monkeypatch)
+    # The broker's internal listener, as it advertises it to other containers.
+    advertised = spec["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert f"INTERNAL://{settings.kafka.bootstrap}" in advertised.split(",")
+    assert settings.redis.url == "redis://redis:6379/0"
+    assert str(settings.common.state_dir) == "/var/lib/aistack"
+
+
+@pytest.mark.parametrize("name", sorted(SERVICE_SETTINGS))
+def test_health_checks_probe_the_ports_the_service_serves(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = aistack_services()[name]
+    settings: Any = service_settings(name, service, monkeypatch)
+    test = service["healthcheck"]["test"]
+    assert test[:3] == ["CMD", "python", "-c"]
+    compile(test[3], f"<{name} healthcheck>", "exec")  # a valid one-liner
+    if name in GRPC_SERVICES:
+        port = int(settings.grpc_address.rpartition(":")[2])
+        assert "grpc_health" in test[3]
+        assert f"'127.0.0.1:{port}'" in test[3]
+        assert f"service='{GRPC_SERVICES[name]}'" in test[3]
+    else:
+        assert "urllib.request" in test[3]
+        assert f"http://127.0.0.1:{settings.metrics_port}/metrics" in test[3]
+        assert settings.metrics_port
+
+
+def test_every_service_has_a_health_check() -> None:
+    for name, service in load(COMPOSE)["services"].items():
+        assert service.get("healthcheck", {}).get("test"), f"{name} has no health check"
+
+
+def test_every_service_waits_for_healthy_kafka_and_redis() -> None:
+    for name, service in aistack_services().items():
+        for dependency in ("kafka", "redis"):
+            assert service["depends_on"][dependency] == {"condition": "service_healthy"}, name
+
+
+def test_grpc_ports_are_published() -> None:
+    services = aistack_services()
+    assert "50051:50051" in services["svc_tuner"]["ports"]
+    assert "8001:8001" in services["svc_model"]["ports"]
+
+
+def test_trainers_scale() -> None:
+    trainer = aistack_services()["svc_trainer"]
+    # `--scale svc_trainer=N`: a fixed name, host port or host name would clash
+    # (the host name also names each replica in its reports).
+    for key in ("container_name", "ports", "hostname"):
+        assert key not in trainer, f"svc_trainer has {key}"
+
+
+def test_trainer_model_and_transform_share_their_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    services = aistack_services()
+    trainer: Any = service_settings("svc_trainer", services["svc_trainer"], monkeypatch)
+    transform: Any = service_settings("svc_transform", services["svc_transform"], monkeypatch)
+    # svc_model opens the file:// URI the trainer wrote: same volume, same path.
+    artifacts = mount_of(services["svc_trainer"], trainer.artifact_location())
+    assert mount_of(services["svc_model"], trainer.artifact_location()) == artifacts, (
+        "svc_model must mount the trainers' artifact volume at the same path"
+    )
+    # The trainers read the offline feature store where svc_transform writes it.
+    assert trainer.features_location() == transform.offline_path()
+    features = mount_of(services["svc_transform"], transform.offline_path())
+    assert mount_of(services["svc_trainer"], trainer.features_location()) == features, (
+        "svc_trainer must mount svc_transform's feature volume at the same path"
+    )
+
+
+def test_gpu_override_reserves_gpus_for_trainers_only() -> None:
+    override = load(GPU_OVERRIDE)["services"]
+    assert set(override) <= set(load(COMPOSE)["services"])
+    reserving = {}
+    for name, service in override.items():
+        devices = service.get("deploy", {}).get("resources", {}).get("reservations", {})
+        if devices.get("devices"):
+            reserving[name] = devices["devices"]
+    assert set(reserving) == {"svc_trainer"}
+    [device] = reserving["svc_trainer"]
+    assert device["driver"] == "nvidia"
+    assert device["count"] == "all"
+    assert "gpu" in device["capabilities"]
+    # The main file runs on hosts without GPUs: no reservation there.
+    for name, service in load(COMPOSE)["services"].items():
+        assert "deploy" not in service, f"{name} reserves resources in the main file"
