@@ -15,9 +15,10 @@ EXTRAS ?= dev ingest transform tuner tuner-gp trainer model client bench
 STAMPS := .setup-stamps
 PROTOS := $(shell find proto -name '*.proto')
 
-.PHONY: help setup system-deps venv proto jars test test-unit test-integration lint bench infra-up infra-down clean
+.PHONY: help demo setup system-deps venv proto jars test test-unit test-integration lint bench infra-up infra-down clean
 
 help:
+	@echo "make demo     set up, then run the whole stack end to end (DEMO_ARGS=--keep leaves it up)"
 	@echo "make setup    virtualenv, dependencies, generated code, Kafka's jars, redis-server"
 	@echo "make test     set up, then run every test (unit + integration on a real Kafka and Redis)"
 	@echo "make lint     ruff and mypy"
@@ -61,6 +62,10 @@ $(STAMPS)/proto: $(PROTOS) shared/contracts/codegen.py uv.lock | venv
 
 jars: | venv
 	@$(VENV)/bin/aistack infra fetch
+
+# The README's main command: the whole stack on this machine, end to end.
+demo: setup
+	$(VENV)/bin/aistack demo $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from compose import predict, study
+from compose import demo, predict, study
 from shared.errors import AistackError
 from shared.settings import load_settings
 
@@ -160,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     produce.set_defaults(run=_produce)
     study.add_parser(commands)
     predict.add_parser(commands)
+    demo.add_parser(commands)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))

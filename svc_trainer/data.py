@@ -315,6 +315,7 @@ def _features(options: Mapping[str, str], features_path: str) -> DataSplits:
         x_test=x[test],
         y_test=y[test],
         source=str(root),
+        feature=f"{metric}@{window}" if lags == 1 else "",
     )
 
 

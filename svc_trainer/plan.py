@@ -177,6 +177,10 @@ class DataSplits:
     offsets: tuple[tuple[str, int, int], ...] = ()
     # Where it came from, for lineage: "sklearn digits", a path, ...
     source: str = ""
+    # For window features with one lag: the online-store field (e.g.
+    # "temperature@tumbling-60s") whose latest window is one row of x, so the
+    # model server can feed the model by entity.
+    feature: str = ""
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ class DataLoaded:
     version: str
     source: str
     offsets: tuple[tuple[str, int, int], ...]
+    feature: str = ""
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,9 @@ def _main(
         loaded = datasets.load(
             request.dataset, request.options, seed=request.seed, features_path=request.features_path
         )
-        events.put(DataLoaded(loaded.name, loaded.version, loaded.source, loaded.offsets))
+        events.put(
+            DataLoaded(loaded.name, loaded.version, loaded.source, loaded.offsets, loaded.feature)
+        )
         result = _runner(spec.framework)(spec, loaded, _QueueChannel(events, stop))
         events.put(Finished(result))
     except TrialError as exc:

@@ -46,8 +46,21 @@ def params(request: tuning_pb2.TrialRequested) -> dict[str, ParamScalar]:
     return out
 
 
+#: A study may search over frameworks too: a string parameter of this name
+#: ("torch" or "tensorflow") overrides the task's framework for its trial.
+FRAMEWORK_PARAM = "framework"
+
+
 def framework_name(request: tuning_pb2.TrialRequested) -> str:
+    chosen = request.params.get(FRAMEWORK_PARAM)
+    if chosen is not None and chosen.WhichOneof("kind") == "string_value":
+        return chosen.string_value
     return _FRAMEWORKS.get(request.task.framework, "")
+
+
+def framework_enum(request: tuning_pb2.TrialRequested) -> common_pb2.Framework:
+    by_name = {name: enum for enum, name in _FRAMEWORKS.items()}
+    return by_name.get(framework_name(request), common_pb2.FRAMEWORK_UNSPECIFIED)
 
 
 def model_family(request: tuning_pb2.TrialRequested) -> str:
@@ -82,10 +95,11 @@ def run_spec(
 ) -> RunSpec:
     """The run for ``request``; TrialError for what no trainer can train."""
     task = request.task
-    framework = _FRAMEWORKS.get(task.framework)
-    if framework is None:
+    framework = framework_name(request)
+    if framework not in _FRAMEWORKS.values():
         raise TrialError(
-            f"task.framework={task.framework}: expected FRAMEWORK_TORCH or FRAMEWORK_TENSORFLOW",
+            f"framework {framework or task.framework!r}: expected FRAMEWORK_TORCH or "
+            f"FRAMEWORK_TENSORFLOW (or a {FRAMEWORK_PARAM!r} parameter: torch, tensorflow)",
             reason="unknown_framework",
         )
     if not task.dataset:
@@ -106,7 +120,9 @@ def run_spec(
         strategy=task.strategy,
         world_size=task.world_size or world_size,
         epochs=task.epochs,
-        hparams=Hyperparams.from_params(params(request)),
+        hparams=Hyperparams.from_params(
+            {k: v for k, v in params(request).items() if k != FRAMEWORK_PARAM}
+        ),
         seed=seed % (2**31),
         objective_metric=request.objective.metric,
         checkpoint_dir=str(checkpoint_dir),
@@ -165,7 +181,7 @@ def model_ready(
     return models_pb2.ModelReady(
         model_name=model_name(request),
         version=model_version(request),
-        framework=request.task.framework,
+        framework=framework_enum(request),
         format=_FORMATS[result.export_format],
         artifact_uri=artifact_uri,
         sha256=sha256,
@@ -207,7 +223,7 @@ def _tensor(name: str, datatype: str, shape: tuple[int, ...]) -> models_pb2.Tens
 def _labels(
     request: tuning_pb2.TrialRequested, data: DataLoaded | None, trainer_id: str
 ) -> dict[str, str]:
-    return {
+    labels = {
         "strategy": request.task.strategy or "default",
         "model_family": model_family(request),
         "dataset_version": data.version if data else "",
@@ -216,6 +232,10 @@ def _labels(
         "attempt": str(request.attempt),
         "refit": request.task.options.get("refit", "false"),
     }
+    if data is not None and data.feature:
+        # svc_model reads this entity field when a request names an entity.
+        labels["feature"] = data.feature
+    return labels
 
 
 def safe_name(text: str) -> str:

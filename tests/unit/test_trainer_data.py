@@ -445,6 +445,7 @@ def test_features_are_the_previous_windows_and_the_target_the_next_mean(
     assert splits.source == str(tmp_path)
     assert splits.offsets == ()
     assert len(splits.version) == 16
+    assert splits.feature == ""  # three lags: the online store cannot feed it
 
 
 def test_features_lags_option(store: Path) -> None:
@@ -453,6 +454,8 @@ def test_features_lags_option(store: Path) -> None:
     assert splits.x_train.shape == (8, 7)
     np.testing.assert_allclose(splits.x_train[:, 0] + 1, splits.y_train)
     np.testing.assert_array_equal(splits.y_test, [21.0, 22.0])
+    # One lag: svc_model can feed it the latest window of this online-store field.
+    assert splits.feature == "temperature@tumbling-60s"
 
 
 def test_a_replayed_batch_keeps_the_latest_rows(tmp_path: Path) -> None:

@@ -187,3 +187,33 @@ def test_tensorboard_gets_hparams_and_scalars(tmp_path: Path) -> None:
     assert "skipped" not in events.Tags()["scalars"]
     plugin = events.PluginTagToContent("hparams")
     assert "_hparams_/session_start_info" in plugin and "_hparams_/experiment" in plugin
+
+
+def test_a_framework_parameter_overrides_the_tasks_framework() -> None:
+    chosen = request()
+    chosen.params["framework"].string_value = "tensorflow"
+    spec = trials.run_spec(
+        chosen,
+        checkpoint_dir=Path("/c"),
+        export_dir=Path("/e"),
+        tensorboard_dir=Path("/t"),
+        device="cpu",
+        threads=0,
+        world_size=0,
+    )
+    assert spec.framework == "tensorflow"
+    assert trials.framework_name(chosen) == "tensorflow"
+    assert trials.framework_enum(chosen) == common_pb2.FRAMEWORK_TENSORFLOW
+    unknown = request()
+    unknown.params["framework"].string_value = "jax"
+    with pytest.raises(TrialError) as refused:
+        trials.run_spec(
+            unknown,
+            checkpoint_dir=Path("/c"),
+            export_dir=Path("/e"),
+            tensorboard_dir=Path("/t"),
+            device="cpu",
+            threads=0,
+            world_size=0,
+        )
+    assert refused.value.reason == "unknown_framework"

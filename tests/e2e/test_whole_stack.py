@@ -1,0 +1,208 @@
+"""The whole flow on the real stack: a raw event from a plain Kafka client to
+the clean topic, the windows, the offline and online stores; a small study
+through the trainers; its best model served; a prediction over gRPC."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import grpc
+import numpy as np
+import pytest
+from confluent_kafka import Producer
+
+from compose.stack import ServiceStack
+from compose.study import load_spec
+from shared.bus.consumer import BusTail
+from shared.bus.topics import EVENTS_CLEAN, EVENTS_RAW, FEATURES_WINDOWS
+from shared.contracts.aistack.v1 import events_pb2, features_pb2
+from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
+from shared.contracts.inference import grpc_predict_v2_pb2 as pb
+from shared.contracts.inference import grpc_predict_v2_pb2_grpc as pb_grpc
+from shared.redis_client import make_redis
+from shared.settings import KafkaSettings, RedisSettings
+from svc_trainer.data import load
+from tests.integration.test_stack import settings_on_free_ports
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+T = TypeVar("T")
+
+FEATURE = "temperature@tumbling-60s"
+STUDY = """
+name: e2e-digits-{run}
+objective: {{metric: val_error, direction: DIRECTION_MINIMIZE}}
+params:
+  - name: learning_rate
+    categorical: {{choices: [{{float_value: 0.003}}, {{float_value: 0.01}}]}}
+sampler: {{kind: SAMPLER_KIND_GRID}}
+pruner: {{kind: PRUNER_KIND_NONE}}
+budget: {{max_trials: 2, max_parallel: 2, time_limit: 600s, trial_timeout: 300s}}
+task:
+  dataset: digits
+  model_family: cnn
+  framework: FRAMEWORK_TORCH
+  strategy: single
+  epochs: 4
+  model_name: e2e-digits-{run}
+seed: 3
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
+    running = ServiceStack(settings_on_free_ports(tmp_path_factory.mktemp("e2e-state")))
+    try:
+        running.up()
+        yield running
+    finally:
+        running.down()
+
+
+def eventually(what: str, probe: Callable[[], T | None], timeout: float, stack: ServiceStack) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result is not None:
+            return result
+        dead = [s for s in stack.status() if s.state != "running"]
+        assert not dead, f"{dead[0].name} died:\n{dead[0].last_lines}"
+        assert time.monotonic() < deadline, f"timed out after {timeout} s: {what}"
+        time.sleep(1.0)
+
+
+def find(kafka: KafkaSettings, topic: str, cls: Any, match: Callable[[Any], bool]) -> Any:
+    """The first record of ``topic`` whose message matches, read from the start."""
+    tail = BusTail(kafka, topics=[topic], message_cls=cls, from_beginning=True)
+    try:
+        while not tail.caught_up():
+            for record in tail.poll_batch(500, timeout=0.5):
+                message = record.decode()
+                if match(message):
+                    return message
+    finally:
+        tail.close()
+    return None
+
+
+def test_a_raw_event_becomes_features_and_a_study_becomes_a_served_model(
+    stack: ServiceStack, tmp_path: Path
+) -> None:
+    kafka = KafkaSettings(bootstrap=stack.kafka_bootstrap)
+    entity = f"e2e-{uuid.uuid4().hex[:8]}"
+    now = datetime.now(UTC)
+
+    # A device that knows nothing of aistack: JSON, by a plain Kafka client.
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap})
+    reading: dict[str, Any] = {
+        "event_id": str(uuid.uuid4()),
+        "device_id": entity,
+        "timestamp": (now - timedelta(minutes=5)).isoformat(),
+        "metrics": {"temperature": {"value": 21.5, "unit": "C"}},
+        "attributes": {"site": "e2e"},
+    }
+    producer.produce(EVENTS_RAW, json.dumps(reading).encode(), key=entity.encode())
+    # A later reading of another device moves the watermark past the first's window.
+    later: dict[str, Any] = {
+        **reading,
+        "event_id": str(uuid.uuid4()),
+        "device_id": f"{entity}-later",
+    }
+    later["timestamp"] = now.isoformat()
+    producer.produce(EVENTS_RAW, json.dumps(later).encode(), key=later["device_id"].encode())
+    assert producer.flush(30) == 0
+
+    clean = eventually(
+        "the clean event",
+        lambda: find(kafka, EVENTS_CLEAN, events_pb2.CleanEvent, lambda e: e.entity_id == entity),
+        120,
+        stack,
+    )
+    assert clean.event_id == reading["event_id"]
+    window = eventually(
+        "the feature window",
+        lambda: find(
+            kafka,
+            FEATURES_WINDOWS,
+            features_pb2.FeatureWindow,
+            lambda w: w.entity_id == entity and w.metric == "temperature",
+        ),
+        180,
+        stack,
+    )
+    assert window.count == 1 and window.mean == pytest.approx(21.5)
+
+    redis = make_redis(RedisSettings(url=stack.redis_url))
+    try:
+        online = eventually(
+            "the online store",
+            lambda: cast(bytes | None, redis.hget(f"aistack:features:{entity}", FEATURE)),
+            60,
+            stack,
+        )
+    finally:
+        redis.close()
+    assert json.loads(online)["mean"] == pytest.approx(21.5)
+
+    import pyarrow.dataset as ds
+
+    offline_root = stack.settings.infra.common.state_dir / "features" / "windows"
+
+    def offline_rows() -> int | None:
+        if not offline_root.is_dir():
+            return None
+        table = ds.dataset(offline_root, format="parquet", partitioning="hive").to_table(
+            filter=ds.field("entity_id") == entity
+        )
+        return table.num_rows or None
+
+    assert eventually("the offline store", offline_rows, 60, stack) >= 1
+
+    # A small study through the trainers; its best model, served.
+    spec = load_spec(STUDY.format(run=uuid.uuid4().hex[:6]))
+    with grpc.insecure_channel(stack.tuner_target) as channel:
+        tuner = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
+        study_id = tuner.CreateStudy(api.CreateStudyRequest(spec=spec)).study.study_id
+
+        def finished() -> api.Study | None:
+            study = tuner.GetStudy(api.GetStudyRequest(study_id=study_id)).study
+            return None if study.state == api.STUDY_STATE_RUNNING else study
+
+        study = eventually("the study", finished, 600, stack)
+    assert study.state == api.STUDY_STATE_COMPLETED
+    assert dict(study.trial_counts) == {"completed": 2}
+    best = study.best_trial
+    data = load("digits", {}, seed=0)
+    with grpc.insecure_channel(stack.model_target) as channel:
+        model = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+
+        def predict(x: np.ndarray) -> pb.ModelInferResponse:
+            request = pb.ModelInferRequest(model_name=best.model_name)
+            tensor = request.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
+            tensor.contents.fp32_contents.extend(x.ravel().tolist())
+            response: pb.ModelInferResponse = model.ModelInfer(request, timeout=30)
+            return response
+
+        def served() -> pb.ModelInferResponse | None:
+            try:
+                response = predict(data.x_train[:1])
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
+                return None
+            return response if response.model_version == best.model_version else None
+
+        eventually("the best model served", served, 120, stack)
+        # A digit the model has seen, then held-out ones.
+        known = predict(data.x_train[:1])
+        assert np.argmax(known.outputs[0].contents.fp32_contents) == data.y_train[0]
+        response = predict(data.x_test[:60])
+        probabilities = np.asarray(response.outputs[0].contents.fp32_contents).reshape(60, 10)
+        accuracy = float((probabilities.argmax(axis=1) == data.y_test[:60]).mean())
+    assert accuracy >= 0.85
