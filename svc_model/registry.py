@@ -17,7 +17,7 @@ import threading
 import time
 
 from shared.bus.consumer import BusTail, Record
-from shared.bus.deadletter import dead_letter, from_undecodable
+from shared.bus.deadletter import from_record, from_undecodable
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import events_pb2, models_pb2
 from shared.errors import Unavailable, UndecodableRecord
@@ -143,18 +143,9 @@ class RegistryFollower:
         record = self._records.get((event.model_name, event.version))
         if record is None:
             return  # an explicit load of an event already dead-lettered
-        letter = dead_letter(
-            reason=error.reason,
-            message=str(error),
-            service=SERVICE,
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            value=record.value,
-            key=record.key,
-            headers=record.headers,
+        self._dead_letter(
+            from_record(record, reason=error.reason, message=str(error), service=SERVICE)
         )
-        self._dead_letter(letter)
 
     def _dead_letter(self, letter: events_pb2.DeadLetter) -> None:
         self._producer.publish_dead_letter(self._settings.dlq_topic, letter)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from shared.bus.consumer import BusConsumer, Record
-from shared.bus.deadletter import dead_letter, from_undecodable
+from shared.bus.deadletter import from_record, from_undecodable
 from shared.bus.producer import BusProducer
 from shared.bus.topics import partition_count
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
@@ -146,16 +146,8 @@ class Tuner:
                 outcome.extend(self.engine.apply(report))
             except NotFound as error:
                 self._dead_letter(
-                    dead_letter(
-                        reason=UNKNOWN_TRIAL,
-                        message=error.message,
-                        service=SERVICE,
-                        topic=record.topic,
-                        partition=record.partition,
-                        offset=record.offset,
-                        value=record.value,
-                        key=record.key,
-                        headers=record.headers,
+                    from_record(
+                        record, reason=UNKNOWN_TRIAL, message=error.message, service=SERVICE
                     )
                 )
                 continue

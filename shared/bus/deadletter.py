@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1 import common_pb2, events_pb2
@@ -35,6 +37,22 @@ def dead_letter(
         source=common_pb2.SourcePosition(topic=topic, partition=partition, offset=offset),
         service=service,
         rejected_time=rejected,
+    )
+
+
+def from_record(record: Any, *, reason: str, message: str, service: str) -> events_pb2.DeadLetter:
+    """A DeadLetter for a consumed record (``shared.bus.consumer.Record``) that
+    decoded but cannot be accepted."""
+    return dead_letter(
+        reason=reason,
+        message=message,
+        service=service,
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        value=record.value,
+        key=record.key,
+        headers=record.headers,
     )
 
 
