@@ -49,13 +49,10 @@ class ModelServer:
         """Raises ConfigError (a bad address, TLS files), Unavailable (no broker)."""
         ensure_topics(settings.kafka, settings.topic_specs())
         metrics = ModelMetrics.create(registry)
-        inference_pool = ThreadPoolExecutor(
-            max_workers=max(4, 2 * settings.instances), thread_name_prefix="model-infer"
-        )
         loading_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="model-load")
         features = OnlineFeatures(make_async_redis(settings.redis), settings.online_key_prefix)
         core = InferenceCore(
-            settings, Loader(settings, inference_pool, metrics), loading_pool, metrics, features
+            settings, Loader(settings, metrics), loading_pool, metrics, features
         )
         producer = BusProducer(settings.kafka, source=SERVICE)
         follower = RegistryFollower(settings, core, producer)
@@ -69,7 +66,7 @@ class ModelServer:
             server=server,
             features=features,
             producer=producer,
-            pools=(inference_pool, loading_pool),
+            pools=(loading_pool,),
         )
 
     async def stop(self, grace: float = 5.0) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,9 +25,8 @@ class Loaded:
 
 
 class Loader:
-    def __init__(self, settings: ModelSettings, executor: Executor, metrics: ModelMetrics) -> None:
+    def __init__(self, settings: ModelSettings, metrics: ModelMetrics) -> None:
         self._settings = settings
-        self._executor = executor
         self._metrics = metrics
         self._cache: Path = settings.cache_dir()
 
@@ -48,9 +47,22 @@ class Loader:
             for waited in waits:
                 queue_delay.observe(waited)
 
+        # Each version runs on threads of its own, always the same ones (its
+        # check included): torch and TensorFlow keep a team of intra-op
+        # threads per calling thread, and the teams of a shared pool's every
+        # thread spin against each other on the cores (measured: 3x slower
+        # calls). The threads end when the version is dropped.
+        executor = ThreadPoolExecutor(
+            max_workers=settings.instances, thread_name_prefix=f"infer-{name}-{number}"
+        )
+        try:
+            executor.submit(runners.smoke_test, runner).result()
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
         batcher = Batcher(
             runner.run,
-            self._executor,
+            executor,
             max_batch_size=settings.max_batch_size if merge else 1,
             max_queue_delay_s=settings.max_queue_delay_us / 1e6,
             instances=settings.instances,

@@ -114,7 +114,8 @@ def _copy(uri: str, destination: Path) -> None:
 
 
 def load(event: models_pb2.ModelReady, directory: Path, intra_op_threads: int = 0) -> Runner:
-    """The runner for a verified artifact directory. Raises ArtifactRejected."""
+    """The runner for a verified artifact directory (check it with
+    ``smoke_test`` before serving it). Raises ArtifactRejected."""
     inputs, outputs = signature(event.inputs), signature(event.outputs)
     if not inputs or not outputs:
         raise ArtifactRejected("the event lists no inputs or no outputs", reason=BAD_SIGNATURE)
@@ -129,9 +130,7 @@ def load(event: models_pb2.ModelReady, directory: Path, intra_op_threads: int = 
             f"{directory.name}: the framework cannot load it: {type(exc).__name__}: {exc}",
             reason=UNLOADABLE,
         ) from exc
-    runner = Runner(inputs=inputs, outputs=outputs, run=run, platform=platform)
-    _smoke_test(runner)
-    return runner
+    return Runner(inputs=inputs, outputs=outputs, run=run, platform=platform)
 
 
 def _load(
@@ -154,9 +153,10 @@ def _load(
 _FORMATS = set(models_pb2.ArtifactFormat.values())
 
 
-def _smoke_test(runner: Runner) -> None:
-    # One row of zeros through the model: a program that loads but cannot run
-    # its own signature is refused now, not on the first client's request.
+def smoke_test(runner: Runner) -> None:
+    """One row of zeros through the model: a program that loads but cannot run
+    its own signature is refused now (ArtifactRejected), not on the first
+    client's request. Call it on the thread that will serve the model."""
     example = {
         sig.name: np.zeros([1 if d < 0 else d for d in sig.shape], _NUMPY[sig.datatype])
         for sig in runner.inputs
