@@ -158,9 +158,10 @@ def test_a_raw_event_becomes_features_and_a_study_becomes_a_served_model(
     def offline_rows() -> int | None:
         if not offline_root.is_dir():
             return None
-        table = ds.dataset(offline_root, format="parquet", partitioning="hive").to_table(
-            filter=ds.field("entity_id") == entity
-        )
+        store = ds.dataset(offline_root, format="parquet", partitioning="hive")
+        if "entity_id" not in store.schema.names:
+            return None  # the directory is there, its first files are not yet
+        table = store.to_table(filter=ds.field("entity_id") == entity)
         return table.num_rows or None
 
     assert eventually("the offline store", offline_rows, 60, stack) >= 1
