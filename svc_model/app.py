@@ -51,9 +51,7 @@ class ModelServer:
         metrics = ModelMetrics.create(registry)
         loading_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="model-load")
         features = OnlineFeatures(make_async_redis(settings.redis), settings.online_key_prefix)
-        core = InferenceCore(
-            settings, Loader(settings, metrics), loading_pool, metrics, features
-        )
+        core = InferenceCore(settings, Loader(settings, metrics), loading_pool, metrics, features)
         producer = BusProducer(settings.kafka, source=SERVICE)
         follower = RegistryFollower(settings, core, producer)
         await follower.start()
