@@ -271,10 +271,8 @@ class Demo:
         top = ", ".join(f"{r} {n}" for r, n in reasons.most_common(6))
         self.summary.add("dead letters", f"{sum(reasons.values())}: {top}")
         # Repeated records are dropped by svc_ingest's dedup table, not dead-lettered.
-        self.summary.add(
-            "repeated records not passed on",
-            f"{sent['good'] + sent['duplicate'] - counts[EVENTS_CLEAN]} of {sent['duplicate']} sent",
-        )
+        dropped = sent["good"] + sent["duplicate"] - counts[EVENTS_CLEAN]
+        self.summary.add("repeated records not passed on", f"{dropped} of {sent['duplicate']} sent")
         self.summary.add("feature windows", counts[FEATURES_WINDOWS])
 
     # ---- 3: studies ----
