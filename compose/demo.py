@@ -224,9 +224,12 @@ class Demo:
             kafka, source="aistack-demo", config={"message.max.bytes": 8 * 1024 * 1024}
         )
         sent = Counter[str]()
+        # Fresh events each run: svc_ingest's dedup table remembers earlier
+        # runs' event ids (and drops them, as it should).
+        run_seed = int(time.time())
         for kind, count, seed in (
-            ("sensors", args.sensor_events, 11),
-            ("weblogs", args.weblog_events, 12),
+            ("sensors", args.sensor_events, run_seed),
+            ("weblogs", args.weblog_events, run_seed + 1),
         ):
             records = generate(
                 kind,  # type: ignore[arg-type]
