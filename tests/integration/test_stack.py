@@ -36,7 +36,8 @@ SERVICES = [
 def settings_on_free_ports(state_dir: Path) -> StackSettings:
     ports = free_ports(10)
     trainer_base = ports[8]
-    while port_taken("0.0.0.0", trainer_base + 10):  # the second replica's
+    # The second replica's port must be free and none of the others.
+    while port_taken("0.0.0.0", trainer_base + 10) or trainer_base + 10 in ports:
         (trainer_base,) = free_ports(1)
     return StackSettings(
         infra=InfraSettings(

@@ -32,10 +32,14 @@ SERVICES = [
 ]
 
 
-def free_trainer_base() -> int:
-    """A free port whose +10 (the second replica's) is free as well."""
+def free_trainer_base(avoid: set[int] | None = None) -> int:
+    """A free port whose +10 (the second replica's) is free as well, neither
+    among the ports ``avoid`` (those the stack already uses)."""
+    avoid = avoid or set()
     while True:
         (port,) = free_ports(1)
+        if port in avoid or port + 10 in avoid:
+            continue
         if port + 10 < 65536 and not port_taken("0.0.0.0", port + 10):
             return port
 
@@ -54,7 +58,7 @@ def stack_settings(state_dir: Path, **overrides: Any) -> StackSettings:
         "ingest_metrics_port": ports[5],
         "transform_metrics_port": ports[6],
         "tuner_metrics_port": ports[7],
-        "trainer_metrics_port": free_trainer_base(),
+        "trainer_metrics_port": free_trainer_base(avoid=set(ports)),
         "model_metrics_port": ports[9],
         "trainers": 2,
         "infra": infra,
