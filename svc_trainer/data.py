@@ -80,6 +80,48 @@ def load(
     )
 
 
+#: The options each dataset reads (the others do not change what it loads).
+DATA_OPTIONS: Mapping[str, tuple[str, ...]] = {
+    "digits": (),
+    "mnist": ("path", "limit", "val_fraction"),
+    "features": ("path", "metric", "window", "lags"),
+}
+
+
+def cache_key(
+    dataset: str, options: Mapping[str, str], *, seed: int = 0, features_path: str = ""
+) -> tuple[str, ...]:
+    """What ``load`` would return, named cheaply (no data is read): the
+    dataset, the options it reads, the seed and a fingerprint of its files
+    (names, sizes, modification times) or package. Equal keys, equal data,
+    so an executor may keep loaded datasets by this key."""
+    read = DATA_OPTIONS.get(dataset, ())
+    used = tuple(f"{name}={options[name]}" for name in read if name in options)
+    if dataset == "digits":
+        from importlib.metadata import version
+
+        files = f"scikit-learn {version('scikit-learn')}"
+    elif dataset == "mnist":
+        files = _files_fingerprint(options.get("path", ""), "*")
+    elif dataset == "features":
+        files = _files_fingerprint(options.get("path") or features_path, "**/*.parquet")
+    else:
+        files = ""
+    return (dataset, *used, f"seed={seed}", f"features_path={features_path}", files)
+
+
+def _files_fingerprint(directory: str, pattern: str) -> str:
+    root = Path(directory)
+    if not directory or not root.is_dir():
+        return "missing"
+    digest = hashlib.sha256()
+    for path in sorted(root.glob(pattern)):
+        if path.is_file():
+            stat = path.stat()
+            digest.update(f"{path.relative_to(root)}|{stat.st_size}|{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:_VERSION_CHARS]
+
+
 # -- digits -------------------------------------------------------------------------------
 
 

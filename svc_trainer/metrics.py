@@ -19,6 +19,7 @@ class TrainerMetrics:
     trial_seconds: Histogram
     models_published: Counter
     dead_letters: Counter
+    executor_deaths: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> TrainerMetrics:
@@ -59,6 +60,12 @@ class TrainerMetrics:
                 "trainer_dead_letters",
                 "Trial requests dead-lettered",
                 ("reason",),
+                namespace=NAMESPACE,
+                registry=registry,
+            ),
+            executor_deaths=Counter(
+                "trainer_executor_deaths",
+                "Executors that died while training a trial (crash, out of memory)",
                 namespace=NAMESPACE,
                 registry=registry,
             ),

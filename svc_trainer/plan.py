@@ -4,13 +4,14 @@ Plain, picklable data shared by the worker, the framework runners
 (``torch_runner``, ``tf_runner``) and the processes they start. No Kafka, no
 framework imports here.
 
-A runner is a function ``run(spec, data, channel) -> RunResult``. It trains
-``spec.epochs`` epochs from the last checkpoint in ``spec.checkpoint_dir``
-(or from scratch), writes a checkpoint after every epoch *before* calling
-``channel.epoch``, asks ``channel.stop_requested()`` between epochs (and may
-between batches), and exports the model into ``spec.export_dir`` when every
-epoch ran. Configuration faults raise TrialError; anything else is the
-machine's fault and is reported as retryable.
+A framework's ``Runner`` (``runners.py`` names them) is called by a warm
+executor (``executor.py``) trial after trial. ``run(spec, data, channel)``
+trains ``spec.epochs`` epochs from the last checkpoint in
+``spec.checkpoint_dir`` (or from scratch), writes a checkpoint after every
+epoch *before* calling ``channel.epoch``, asks ``channel.stop_requested()``
+between epochs (and may between batches), and exports the model into
+``spec.export_dir`` when every epoch ran. Configuration faults raise
+TrialError; anything else is the machine's fault and is reported as retryable.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -213,6 +214,8 @@ class RunSpec:
     # hosts. Empty: this node only.
     tf_config: str = ""
     options: Mapping[str, str] = field(default_factory=dict)
+    # False: train and evaluate only (a cross-validation fold), no model.
+    export: bool = True
 
 
 @dataclass(frozen=True)
@@ -232,6 +235,29 @@ class RunResult:
     replica_digests: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class DataRequest:
+    """What a trial trains on (``svc_trainer.data.load``'s arguments)."""
+
+    dataset: str
+    options: Mapping[str, str] = field(default_factory=dict)
+    features_path: str = ""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DataLoaded:
+    """What the data turned out to be, for the model's lineage."""
+
+    name: str
+    version: str
+    source: str
+    offsets: tuple[tuple[str, int, int], ...]
+    feature: str = ""
+    # Rows the model trained on (train, or train + validation for a refit).
+    train_examples: int = 0
+
+
 class Channel(Protocol):
     """The runner's line to the worker (and so to the tuner)."""
 
@@ -245,6 +271,49 @@ class Channel(Protocol):
 
     def stop_requested(self) -> StopReason:
         """Whether to stop now; cheap enough to ask between batches."""
+
+
+class SilentChannel:
+    """The channel of a rank or worker other than the chief: it reports
+    nothing and never asks to stop (the chief's decision reaches it through
+    the strategy's collectives)."""
+
+    def started(self, resumed_from_step: int, note: str = "") -> None:
+        pass
+
+    def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
+        pass
+
+    def stop_requested(self) -> StopReason:
+        return StopReason.NONE
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """A framework's trainer, as a warm executor calls it.
+
+    An executor calls ``warm_up`` once, then ``run`` and ``release`` for
+    each trial, for as long as the process lives."""
+
+    #: The framework's name in trial requests ("torch", "tensorflow", ...).
+    name: str
+
+    def warm_up(self, threads: int) -> None:
+        """Pay the one-time costs before the first trial: import the
+        framework, set its process-wide threads (0: its default), compile
+        what every trial would otherwise compile first."""
+
+    def fresh_process(self, spec: RunSpec) -> bool:
+        """Whether ``spec`` needs a process whose framework runtime never ran
+        (its strategy configures the runtime for good); such a trial runs in
+        a process of its own, which exits after it."""
+
+    def run(self, spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
+        """Train, checkpoint and export as the module docstring says."""
+
+    def release(self) -> None:
+        """Free what the last trial left: framework state, graphs, GPU memory.
+        Called after every trial, whatever became of it."""
 
 
 def classification_metrics(loss: float, val_loss: float, val_accuracy: float) -> dict[str, float]:

@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.bus.topics import (
@@ -59,6 +59,50 @@ class TrainerSettings(ServiceSettings):
     # strategies. (Multi-node PyTorch runs under torchrun: svc_trainer.torch_launch.)
     tf_config: str = ""
     metrics_port: int = Field(default=9105, ge=0, le=65535)
+    # Warm executors: the frameworks whose executor starts with the trainer
+    # (comma-separated; the others start with their first trial).
+    warm_frameworks: str = "torch,tensorflow"
+    # An executor is replaced after this many trials (0: never) ...
+    executor_max_trials: int = Field(default=100, ge=0)
+    # ... or once its resident memory passes this many MiB after a trial (0: never).
+    executor_max_memory_mb: int = Field(default=4096, ge=0)
+    # Datasets an executor keeps loaded, least recently used out first.
+    cached_datasets: int = Field(default=4, ge=0, le=64)
+    # More framework runners by name, as JSON: {"jax": "my_package.jax_runner:RUNNER"}
+    # (a plan.Runner each); a trial picks one with a "framework" parameter.
+    runners: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("runners")
+    @classmethod
+    def _runner_paths(cls, value: dict[str, str]) -> dict[str, str]:
+        from svc_trainer.runners import check_path
+
+        return {name: check_path(path) for name, path in value.items()}
+
+    @field_validator("warm_frameworks")
+    @classmethod
+    def _framework_list(cls, value: str) -> str:
+        names = [n.strip() for n in value.split(",") if n.strip()]
+        return ",".join(names)
+
+    @model_validator(mode="after")
+    def _warm_frameworks_known(self) -> TrainerSettings:
+        known = self.runner_paths()
+        unknown = [n for n in self.warm_framework_names() if n not in known]
+        if unknown:
+            raise ValueError(
+                f"AISTACK_TRAINER_WARM_FRAMEWORKS names {', '.join(unknown)}: "
+                f"no such runner (known: {', '.join(known)})"
+            )
+        return self
+
+    def warm_framework_names(self) -> tuple[str, ...]:
+        return tuple(n for n in self.warm_frameworks.split(",") if n)
+
+    def runner_paths(self) -> dict[str, str]:
+        from svc_trainer.runners import registry
+
+        return registry(self.runners)
 
     @field_validator("tf_config")
     @classmethod

@@ -51,6 +51,7 @@ from svc_trainer.plan import (
     DataSplits,
     RunResult,
     RunSpec,
+    SilentChannel,
     StopReason,
     TensorSig,
     TrialError,
@@ -143,7 +144,9 @@ def run(spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
     into ``spec.export_dir`` (chief only)."""
     result, model = train(spec, data, channel)
     given = _given_role(spec, strategy_of(spec))
-    if result.stopped is not StopReason.NONE or (given is not None and not given.is_chief):
+    if result.stopped is not StopReason.NONE or not spec.export:
+        return result
+    if given is not None and not given.is_chief:
         return result
     inputs, outputs = export(model, spec, data)
     return replace(result, export_format=EXPORT_FORMAT, inputs=inputs, outputs=outputs)
@@ -191,7 +194,7 @@ def train_as(role: Role, spec: RunSpec, data: DataSplits, scratch: Path) -> None
     ``tf_cluster``): same model and steps, silent; its throw-away checkpoints
     go to ``scratch`` (inside the chief's job directory, which the chief
     removes even when this worker was killed)."""
-    _train(spec, data, _Silent(), strategy_of(spec), role, scratch)
+    _train(spec, data, SilentChannel(), strategy_of(spec), role, scratch)
 
 
 def export(
@@ -322,8 +325,9 @@ def _configure(spec: RunSpec, strategy: str, role: Role) -> _Devices:
             mine = gpus[role.task_index % len(gpus)]
             tf.config.set_visible_devices([mine], "GPU")
             gpus = [mine]
-        if spec.threads > 0:
-            tf.config.threading.set_intra_op_parallelism_threads(spec.threads)
+        threading = tf.config.threading
+        if spec.threads > 0 and threading.get_intra_op_parallelism_threads() != spec.threads:
+            threading.set_intra_op_parallelism_threads(spec.threads)
         if strategy == MIRRORED and not gpus:
             cpu = tf.config.list_physical_devices("CPU")[0]
             replicas = spec.world_size if spec.world_size > 0 else 2
@@ -398,20 +402,6 @@ def _train(
     if strategy_name in (ONE_DEVICE, MIRRORED):
         return _train_fit(spec, data, channel, strategy)
     return _train_custom(spec, data, channel, strategy, strategy_name, role, scratch)
-
-
-class _Silent:
-    """A non-chief worker's channel: says nothing, never asks to stop (the
-    chief's decision reaches it through the all-reduce)."""
-
-    def started(self, resumed_from_step: int, note: str = "") -> None:
-        pass
-
-    def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
-        pass
-
-    def stop_requested(self) -> StopReason:
-        return StopReason.NONE
 
 
 def _targets(data: DataSplits, y: NDArray[Any]) -> NDArray[Any]:
@@ -929,3 +919,48 @@ def _evaluate_local(model: Any, data: DataSplits, split: str, batch: int) -> dic
             score_sum += float(np.sum(np.abs(out - target)))
     n = max(len(x), 1)
     return {"loss": loss_sum / n, ("accuracy" if classify else "mae"): score_sum / n}
+
+
+class TensorFlowRunner:
+    """``plan.Runner`` for TensorFlow."""
+
+    name = "tensorflow"
+
+    def warm_up(self, threads: int) -> None:
+        tf, keras = _tf(), _keras()
+        if threads > 0:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+        # Start the runtime and trace one tiny fit: what every first trial of
+        # a process would otherwise pay.
+        tiny = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        tiny.compile(optimizer="adam", loss="mse")
+        tiny.fit(np.zeros((8, 4), np.float32), np.zeros((8, 2), np.float32), verbose=0)
+        self.release()
+
+    def fresh_process(self, spec: RunSpec) -> bool:
+        """MultiWorkerMirrored and the parameter-server coordinator configure
+        the runtime's collectives and cluster, which must happen before the
+        runtime starts; so do logical CPU devices (``mirrored`` without GPUs)
+        and hiding the GPUs (``device: cpu`` on a GPU host)."""
+        try:
+            strategy = strategy_of(spec)
+        except TrialError:
+            return False  # the run refuses it with its reason
+        gpus = bool(_tf().config.list_physical_devices("GPU"))
+        return (
+            strategy in (MULTI_WORKER, PARAMETER_SERVER)
+            or (strategy == MIRRORED and not gpus)
+            or (spec.device == "cpu" and gpus)
+        )
+
+    def run(self, spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
+        return run(spec, data, channel)
+
+    def release(self) -> None:
+        # Keras keeps every model and graph of the process until told;
+        # TensorFlow keeps its GPU memory pool (it is reused, not returned).
+        _keras().backend.clear_session()
+        gc.collect()
+
+
+RUNNER = TensorFlowRunner()

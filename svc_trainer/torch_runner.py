@@ -22,6 +22,7 @@ import math
 import os
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Iterator, Mapping
@@ -46,6 +47,7 @@ from svc_trainer.plan import (
     DataSplits,
     RunResult,
     RunSpec,
+    SilentChannel,
     StopReason,
     TrialError,
     as_test_metrics,
@@ -98,7 +100,7 @@ def check(spec: RunSpec, data: DataSplits) -> nn.Sequential:
 
 def run(spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
     result, model = train(spec, data, channel)
-    if result.stopped is not StopReason.NONE:
+    if result.stopped is not StopReason.NONE or not spec.export:
         return result
     export(model, data, Path(spec.export_dir))
     inputs, outputs = torch_models.signature(data)
@@ -394,19 +396,6 @@ class _Loop:
 # ---- DDP --------------------------------------------------------------------
 
 
-class _Silent:
-    """The channel of ranks other than 0: they report nothing."""
-
-    def started(self, resumed_from_step: int, note: str = "") -> None:
-        pass
-
-    def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
-        pass
-
-    def stop_requested(self) -> StopReason:
-        return StopReason.NONE
-
-
 def ddp_world_size(spec: RunSpec) -> int:
     if spec.world_size > 0:
         return spec.world_size
@@ -418,7 +407,7 @@ def _ddp(
 ) -> tuple[RunResult, nn.Sequential]:
     world = ddp_world_size(spec)
     init = f"tcp://127.0.0.1:{_free_port()}"
-    context = mp.get_context("spawn")
+    context = _rank_context()
     ranks = [
         context.Process(target=_ddp_rank, args=(rank, world, init, spec, data), daemon=False)
         for rank in range(1, world)
@@ -439,12 +428,22 @@ def _ddp(
     return result, trained
 
 
+def _rank_context() -> Any:
+    """Where DDP ranks start: forked from a server process that imported
+    this module (and torch) once, so a rank pays no import; the server is
+    started by the first DDP trial of a warm executor and serves the rest.
+    It exits with the executor, and the ranks die with it (``die_with_parent``)."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
 def _ddp_rank(rank: int, world: int, init: str, spec: RunSpec, data: DataSplits) -> None:
     die_with_parent()
     torch.manual_seed(spec.seed)
     code = 0
     try:
-        _ddp_train(rank, world, init, spec, data, _Silent(), check(spec, data))
+        _ddp_train(rank, world, init, spec, data, SilentChannel(), check(spec, data))
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -475,7 +474,7 @@ def train_under_launcher(
         "env://",
         spec,
         data,
-        channel if rank == 0 else _Silent(),
+        channel if rank == 0 else SilentChannel(),
         model,
         local_rank=local,
         local_world=local_world,
@@ -531,9 +530,49 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class TorchRunner:
+    """``plan.Runner`` for PyTorch."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._threads = torch.get_num_threads()
+
+    def warm_up(self, threads: int) -> None:
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self._threads = torch.get_num_threads()
+        # torch.export's first call imports and sets up its tracer: seconds
+        # that every first trial of a process would otherwise pay.
+        with tempfile.TemporaryDirectory(prefix="aistack-warm-") as scratch:
+            tiny = nn.Sequential(nn.Flatten(), nn.Linear(4, 2))
+            program = torch.export.export(
+                torch_models.Served(tiny, TASK_CLASSIFICATION),
+                (torch.zeros(2, 2, 2),),
+                dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=1 << 20)},),
+            )
+            torch.export.save(program, str(Path(scratch) / EXPORT_FILE))
+
+    def fresh_process(self, spec: RunSpec) -> bool:
+        return False
+
+    def run(self, spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
+        # A DDP trial on CPUs set this process's threads for its rank.
+        torch.set_num_threads(self._threads)
+        return run(spec, data, channel)
+
+    def release(self) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+
+RUNNER = TorchRunner()
+
 __all__ = [
     "CHECKPOINT_FILE",
     "EXPORT_FILE",
+    "RUNNER",
     "STRATEGIES",
     "TwoStage",
     "check",

@@ -9,20 +9,21 @@ retried or redelivered trial republishes the same version (idempotent).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1 import common_pb2, models_pb2, tuning_pb2
 from svc_trainer.plan import (
+    DataLoaded,
+    DataRequest,
     Hyperparams,
     ParamScalar,
     RunResult,
     RunSpec,
     TrialError,
 )
-from svc_trainer.trial_process import DataLoaded, DataRequest
 
 _FRAMEWORKS = {
     common_pb2.FRAMEWORK_TORCH: "torch",
@@ -92,14 +93,17 @@ def run_spec(
     threads: int,
     world_size: int,
     tf_config: str = "",
+    frameworks: Collection[str] = ("torch", "tensorflow"),
 ) -> RunSpec:
-    """The run for ``request``; TrialError for what no trainer can train."""
+    """The run for ``request``; TrialError for what no trainer can train.
+    ``frameworks``: the runners this trainer has."""
     task = request.task
     framework = framework_name(request)
-    if framework not in _FRAMEWORKS.values():
+    if framework not in frameworks:
         raise TrialError(
             f"framework {framework or task.framework!r}: expected FRAMEWORK_TORCH or "
-            f"FRAMEWORK_TENSORFLOW (or a {FRAMEWORK_PARAM!r} parameter: torch, tensorflow)",
+            f"FRAMEWORK_TENSORFLOW (or a {FRAMEWORK_PARAM!r} parameter: "
+            f"{', '.join(frameworks)})",
             reason="unknown_framework",
         )
     if not task.dataset:
@@ -231,6 +235,7 @@ def _labels(
         "trainer": trainer_id,
         "attempt": str(request.attempt),
         "refit": request.task.options.get("refit", "false"),
+        "train_examples": str(data.train_examples) if data else "",
     }
     if data is not None and data.feature:
         # svc_model reads this entity field when a request names an entity.

@@ -308,7 +308,8 @@ class Engine:
             if step not in trial.intermediate_values:
                 self._storage.set_trial_intermediate_value(tid, step, value)
             frozen = self._storage.get_trial(tid)
-            if study.pruner.prune(study, frozen):
+            # A refit trains on the validation data it reports: never judged by it.
+            if not _refit(frozen) and study.pruner.prune(study, frozen):
                 outcome.controls.append(
                     self._control(study_id, frozen, tuning_pb2.CONTROL_ACTION_PRUNE, "pruned", step)
                 )

@@ -16,13 +16,9 @@ from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, models_pb2, tuning_pb2
 from tests.infra import Infra, read_topic
 from tests.integration.trainer_service import (
-    BusRecorder,
-    TrainerProcess,
-    TrainerTopics,
-    final_report,
+    Stack,
     model_ready,
     publish,
-    reports_of,
     trial_request,
 )
 
@@ -31,46 +27,6 @@ TORCH = common_pb2.FRAMEWORK_TORCH
 # Epochs of a second or more on this machine's CPU, so that a test can act
 # mid-trial: wide convolutions on digits.
 SLOW = {"filters": 96, "kernel_width": 5, "units": 256, "batch_size": 16}
-
-
-class Stack:
-    def __init__(self, infra: Infra, root: Path) -> None:
-        suffix = uuid.uuid4().hex[:12]
-        self.infra = infra
-        self.topics = TrainerTopics.unique(suffix)
-        self.topics.create(infra.kafka)
-        self.group = f"trainers-{suffix}"
-        self.state = root
-        self.recorder = BusRecorder(
-            infra.kafka,
-            {
-                self.topics.reports: tuning_pb2.TrialReport,
-                self.topics.models: models_pb2.ModelReady,
-            },
-        )
-        self.trainers: list[TrainerProcess] = []
-
-    def trainer(self, name: str) -> TrainerProcess:
-        started = TrainerProcess(self.infra, self.topics, self.group, self.state, name)
-        self.trainers.append(started)
-        return started
-
-    def send(self, *requests: tuning_pb2.TrialRequested) -> None:
-        publish(self.infra.kafka, self.topics.trials, *requests)
-
-    def final(self, trial_id: str, timeout: float = 300) -> tuning_pb2.TrialReport:
-        return final_report(self.recorder, self.topics.reports, trial_id, timeout=timeout)
-
-    def reports(self, trial_id: str) -> list[tuning_pb2.TrialReport]:
-        return reports_of(self.recorder, self.topics.reports, trial_id)
-
-    def logs(self) -> str:
-        return "\n".join(t.log_text()[-3000:] for t in self.trainers)
-
-    def close(self) -> None:
-        for trainer in self.trainers:
-            trainer.close()
-        self.recorder.close()
 
 
 @pytest.fixture(scope="module")

@@ -338,6 +338,8 @@ def test_a_refit_trains_the_best_parameters_once_more_after_the_budget(
     study_id, _ = tuner.create_study(spec)
     for _ in range(3):
         (request,) = publish(tuner, tuner.ask(study_id))
+        step = tuning_pb2.TrialProgress(step=1, value=quadratic(request))
+        tuner.apply(report(request, progress=step))
         tuner.apply(completed(request, quadratic(request)))
     best = tuner.best(study_id)
     assert best is not None
@@ -347,6 +349,10 @@ def test_a_refit_trains_the_best_parameters_once_more_after_the_budget(
     assert refit.trial_number == 3 and refit.task.options["refit"] == "true"
     assert {k: specs.python_value(v) for k, v in refit.params.items()} == best.params
     assert tuner.ask(study_id).requests == []  # once
+    # Worse than every other trial at step 1, where the median rule prunes:
+    # a refit reports on data it trains on and is never pruned by it.
+    worst = tuning_pb2.TrialProgress(step=1, value=1e9)
+    assert tuner.apply(report(refit, progress=worst)).controls == []
     done = tuning_pb2.TrialCompleted(value=99.0, model_name="m", model_version="4")
     tuner.apply(report(refit, completed=done))
 

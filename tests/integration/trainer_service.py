@@ -3,15 +3,19 @@ publishes (reports, model-ready events), for integration tests."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from google.protobuf.message import Message
 
@@ -60,7 +64,13 @@ class TrainerProcess:
     a state directory (artifacts, checkpoints) and topics."""
 
     def __init__(
-        self, infra: Infra, topics: TrainerTopics, group: str, state_dir: Path, name: str
+        self,
+        infra: Infra,
+        topics: TrainerTopics,
+        group: str,
+        state_dir: Path,
+        name: str,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.name = name
         self.log_path = state_dir / f"{name}.log"
@@ -83,6 +93,7 @@ class TrainerProcess:
                 "AISTACK_TRAINER_DEVICE": "cpu",
                 "AISTACK_TRAINER_HEARTBEAT_SECONDS": "1",
                 "AISTACK_TRAINER_METRICS_PORT": "0",
+                **(env or {}),
             },
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -90,6 +101,16 @@ class TrainerProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def log_events(self, event: str) -> list[dict[str, Any]]:
+        """The replica's JSON log lines named ``event``, oldest first."""
+        found = []
+        for line in self.log_text().splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict) and record.get("event") == event:
+                    found.append(record)
+        return found
 
     def terminate(self, timeout: float = 180.0) -> int:
         self.process.send_signal(signal.SIGTERM)
@@ -235,3 +256,46 @@ def model_ready(recorder: BusRecorder, topic: str, trial_id: str) -> models_pb2.
     same = [m for m in recorder.messages(topic) if m.lineage.trial_id == trial_id]  # type: ignore[attr-defined]
     assert len(same) == 1, same
     return ready
+
+
+class Stack:
+    """Trainer replicas on unique topics, a group, and a recorder of what
+    they publish."""
+
+    def __init__(self, infra: Infra, root: Path) -> None:
+        suffix = uuid.uuid4().hex[:12]
+        self.infra = infra
+        self.topics = TrainerTopics.unique(suffix)
+        self.topics.create(infra.kafka)
+        self.group = f"trainers-{suffix}"
+        self.state = root
+        self.recorder = BusRecorder(
+            infra.kafka,
+            {
+                self.topics.reports: tuning_pb2.TrialReport,
+                self.topics.models: models_pb2.ModelReady,
+            },
+        )
+        self.trainers: list[TrainerProcess] = []
+
+    def trainer(self, name: str, env: dict[str, str] | None = None) -> TrainerProcess:
+        started = TrainerProcess(self.infra, self.topics, self.group, self.state, name, env)
+        self.trainers.append(started)
+        return started
+
+    def send(self, *requests: tuning_pb2.TrialRequested) -> None:
+        publish(self.infra.kafka, self.topics.trials, *requests)
+
+    def final(self, trial_id: str, timeout: float = 300) -> tuning_pb2.TrialReport:
+        return final_report(self.recorder, self.topics.reports, trial_id, timeout=timeout)
+
+    def reports(self, trial_id: str) -> list[tuning_pb2.TrialReport]:
+        return reports_of(self.recorder, self.topics.reports, trial_id)
+
+    def logs(self) -> str:
+        return "\n".join(t.log_text()[-3000:] for t in self.trainers)
+
+    def close(self) -> None:
+        for trainer in self.trainers:
+            trainer.close()
+        self.recorder.close()

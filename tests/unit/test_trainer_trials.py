@@ -13,9 +13,8 @@ from shared.contracts.aistack.v1 import common_pb2, models_pb2, tuning_pb2
 from shared.errors import ConfigError
 from shared.settings import load_settings
 from svc_trainer import trials
-from svc_trainer.plan import Hyperparams, RunResult, TensorSig, TrialError
+from svc_trainer.plan import DataLoaded, Hyperparams, RunResult, TensorSig, TrialError
 from svc_trainer.settings import TrainerSettings
-from svc_trainer.trial_process import DataLoaded
 
 
 def request(**task: object) -> tuning_pb2.TrialRequested:

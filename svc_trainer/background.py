@@ -1,0 +1,149 @@
+"""Work the trainer's poll loop hands off, so that it never waits on it.
+
+- ``InOrder``: a trial's ending (model digest and upload, model-ready event,
+  final report, offset commit) runs on a thread of its own while the next
+  trial starts. One thread, in submission order: offsets are committed in
+  the order the trials were taken, so a commit never passes a trial whose
+  reports are not yet out.
+- ``Uploads``: a remote artifact store gets each epoch's checkpoint in the
+  background; a newer checkpoint of the same trial replaces one not yet sent.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+from shared.artifacts import ArtifactStore
+from shared.log import get_logger
+
+log = get_logger("svc_trainer")
+
+
+class InOrder:
+    """Runs callables one at a time, in submission order, on one thread."""
+
+    def __init__(self, name: str) -> None:
+        self._work: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._pending = 0
+        self._lock = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, work: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending += 1
+        self._work.put(work)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until everything submitted ran; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+    def close(self) -> None:
+        self._work.put(None)
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        while (work := self._work.get()) is not None:
+            try:
+                work()
+            except Exception:  # the work logs its own failures; never lose the thread
+                log.exception("background.failed")
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    self._lock.notify_all()
+
+
+class Uploads:
+    """Directories into the artifact store, on a thread of its own.
+
+    ``submit`` takes a snapshot of the directory at once (hard links: a
+    runner replaces checkpoint files, never rewrites them in place) and
+    returns; the newest snapshot per key is uploaded."""
+
+    def __init__(self, store: ArtifactStore, scratch: Path) -> None:
+        self._store = store
+        self._scratch = scratch
+        self._pending: OrderedDict[str, Path] = OrderedDict()
+        self._busy = False
+        self._count = 0
+        self._lock = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="checkpoint-uploads", daemon=True)
+        self._thread.start()
+
+    def submit(self, directory: Path, key: str) -> None:
+        with self._lock:
+            self._count += 1
+            snapshot = self._scratch / f"{self._count}"
+        shutil.rmtree(snapshot, ignore_errors=True)
+        snapshot.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(directory, snapshot, copy_function=_link_or_copy)
+        with self._lock:
+            stale = self._pending.pop(key, None)
+            self._pending[key] = snapshot
+            self._lock.notify_all()
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every snapshot is uploaded; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._pending or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._pending and not self._closed:
+                    self._lock.wait()
+                if not self._pending:
+                    return
+                key, snapshot = self._pending.popitem(last=False)
+                self._busy = True
+            try:
+                self._store.put_dir(snapshot, key)
+            except Exception as exc:  # the next epoch's upload tries again
+                log.warning("checkpoint.upload_failed", key=key, error=str(exc))
+            finally:
+                shutil.rmtree(snapshot, ignore_errors=True)
+                with self._lock:
+                    self._busy = False
+                    self._lock.notify_all()
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)

@@ -1,0 +1,198 @@
+"""What a trial trains on and how it is scored: the study's split, a refit,
+or stratified k-fold cross-validation.
+
+- By default a trial trains on the dataset's training split, reports the
+  validation split after every epoch (what the tuner optimises) and records
+  the test split's score with the model.
+- ``options["refit"] == "true"`` (the tuner's refit of the best parameters
+  once a study ends): the model trains on training + validation, the
+  split's test score is its honest score. The validation metrics it still
+  reports are on data it trained on, so a refit is never a candidate for the
+  study's best (the tuner's rule).
+- ``options["cv_folds"] = k``: the configuration is cross-validated over
+  every example of the dataset (its training, validation and test splits
+  together), in ``k`` stratified folds that depend only on the labels and
+  ``options["cv_seed"]`` (0): the same folds for every configuration. The
+  configuration is trained ``k`` times, each time on every fold but one and
+  scored on that one, so every example is predicted exactly once. Such a
+  trial chooses nothing and exports no model: its metrics are the mean over
+  the held-out folds (``val_*`` and ``test_*`` alike) and each fold's
+  (``fold_<i>_<metric>``). Progress steps run on through the folds (fold
+  ``i``'s epoch ``e`` is step ``i * epochs + e``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from svc_trainer.plan import (
+    TASK_CLASSIFICATION,
+    Channel,
+    DataSplits,
+    Runner,
+    RunResult,
+    RunSpec,
+    StopReason,
+    TrialError,
+)
+
+REFIT = "refit"
+CV_FOLDS = "cv_folds"
+CV_SEED = "cv_seed"
+MAX_FOLDS = 50
+
+
+def prepare(data: DataSplits, options: Mapping[str, str]) -> DataSplits:
+    """The splits a trial with ``options`` trains on (before any folds)."""
+    if cv_folds(options):
+        return data
+    if options.get(REFIT, "").lower() == "true":
+        return refit_splits(data)
+    return data
+
+
+def refit_splits(data: DataSplits) -> DataSplits:
+    """Training + validation to train on; the test split unchanged."""
+    return replace(
+        data,
+        x_train=np.concatenate([data.x_train, data.x_val]),
+        y_train=np.concatenate([data.y_train, data.y_val]),
+    )
+
+
+def cv_folds(options: Mapping[str, str]) -> int:
+    """The folds ``options`` asks for (0: no cross-validation); TrialError
+    for a value that is not an integer in 2..MAX_FOLDS."""
+    text = options.get(CV_FOLDS, "")
+    if not text:
+        return 0
+    if not text.isdigit() or not 2 <= int(text) <= MAX_FOLDS:
+        raise TrialError(
+            f'options["{CV_FOLDS}"]={text!r}: expected an integer 2..{MAX_FOLDS}',
+            reason="invalid_params",
+        )
+    return int(text)
+
+
+def all_examples(data: DataSplits) -> tuple[NDArray[np.float32], NDArray[Any]]:
+    """Every example of the dataset, splits in order (train, validation, test)."""
+    return (
+        np.concatenate([data.x_train, data.x_val, data.x_test]),
+        np.concatenate([data.y_train, data.y_val, data.y_test]),
+    )
+
+
+def stratified_folds(y: NDArray[Any], folds: int, seed: int = 0) -> list[NDArray[np.intp]]:
+    """The held-out row indices of each fold, ascending. Every row is in
+    exactly one fold; each class is dealt round-robin over the folds (after a
+    seeded shuffle), so every fold holds each class to within one row and the
+    fold sizes differ by at most one. A pure function of ``y``, ``folds`` and
+    ``seed``."""
+    if not 2 <= folds <= len(y):
+        raise TrialError(
+            f"{folds} folds for {len(y)} examples: expected 2..{len(y)}", reason="invalid_params"
+        )
+    rng = np.random.default_rng(seed)
+    members: list[list[int]] = [[] for _ in range(folds)]
+    dealt = 0
+    for label in np.unique(y):
+        rows = rng.permutation(np.flatnonzero(y == label))
+        for position, row in enumerate(rows):
+            members[(dealt + position) % folds].append(int(row))
+        # The next class continues the deal, so fold sizes stay within one.
+        dealt += len(rows)
+    return [np.sort(np.asarray(rows, dtype=np.intp)) for rows in members]
+
+
+def run(runner: Runner, spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
+    """Run the trial: ``runner.run`` once, or once per fold (see the module
+    docstring)."""
+    folds = cv_folds(spec.options)
+    if not folds:
+        return runner.run(spec, data, channel)
+    if data.task != TASK_CLASSIFICATION:
+        raise TrialError(
+            f"cross-validation needs a classification dataset; {data.name!r} is "
+            f"{data.task} (split chronologically)",
+            reason="invalid_params",
+        )
+    seed = int(spec.options.get(CV_SEED, "0") or 0)
+    x, y = all_examples(data)
+    held_out = stratified_folds(y, folds, seed)
+    every = np.arange(len(y))
+    results: list[RunResult] = []
+    for fold, test in enumerate(held_out):
+        train = np.setdiff1d(every, test, assume_unique=True)
+        fold_data = replace(
+            data,
+            x_train=x[train],
+            y_train=y[train],
+            x_val=x[test],
+            y_val=y[test],
+            x_test=x[test],
+            y_test=y[test],
+        )
+        fold_spec = replace(
+            spec,
+            checkpoint_dir=str(Path(spec.checkpoint_dir) / f"fold-{fold}"),
+            export=False,
+            seed=(spec.seed + fold) % (2**31),
+        )
+        result = runner.run(fold_spec, fold_data, _FoldChannel(channel, fold, spec.epochs))
+        if result.stopped is not StopReason.NONE:
+            return replace(
+                result,
+                epochs_completed=fold * spec.epochs + result.epochs_completed,
+                test_metrics={},
+            )
+        results.append(result)
+    return _combined(results, spec.epochs)
+
+
+def _combined(results: list[RunResult], epochs: int) -> RunResult:
+    def mean(values: list[float]) -> float:
+        finite = [v for v in values if math.isfinite(v)]
+        return float(np.mean(finite)) if finite else math.nan
+
+    val = {
+        name: mean([r.val_metrics.get(name, math.nan) for r in results])
+        for name in results[0].val_metrics
+    }
+    test = {
+        name: mean([r.test_metrics.get(name, math.nan) for r in results])
+        for name in results[0].test_metrics
+    }
+    for fold, result in enumerate(results):
+        for name, value in result.test_metrics.items():
+            test[f"fold_{fold}_{name.removeprefix('test_')}"] = value
+    # The held-out folds are the validation of a cross-validation: the
+    # objective (a val_ metric) is the cross-validated score.
+    for name, value in test.items():
+        if name.startswith("test_"):
+            val["val_" + name.removeprefix("test_")] = value
+    return RunResult(epochs_completed=len(results) * epochs, val_metrics=val, test_metrics=test)
+
+
+class _FoldChannel:
+    """One fold's view of the trial's channel: one ``started`` for the whole
+    trial, steps numbered on through the folds."""
+
+    def __init__(self, channel: Channel, fold: int, epochs: int) -> None:
+        self._channel, self._fold, self._epochs = channel, fold, epochs
+
+    def started(self, resumed_from_step: int, note: str = "") -> None:
+        if self._fold == 0:
+            self._channel.started(resumed_from_step, note)
+
+    def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._channel.epoch(self._fold * self._epochs + step, {**metrics, "fold": self._fold})
+
+    def stop_requested(self) -> StopReason:
+        return self._channel.stop_requested()

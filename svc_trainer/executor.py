@@ -1,0 +1,550 @@
+"""Warm trial executors: one long-lived process per framework, reused trial
+after trial.
+
+Ray Tune calls the idea ``reuse_actors``; here it is done for a bus. An
+executor imports its framework's runner once (``Runner.warm_up``: the
+framework, its threads, the compilers every trial would otherwise pay for
+first), keeps the datasets it loaded (by ``data.cache_key``) and then trains
+the trials the worker hands it, one at a time. Everything a process per
+trial gave is kept:
+
+- a crash, a leak, an out-of-memory kill or a hung collective stays in the
+  executor, which the worker can always kill and replace; the worker lives on;
+- prune, stop and SIGTERM reach the run through a shared flag the runner
+  reads between batches, so they are honoured within one epoch;
+- the executor is recycled after ``max_trials`` trials or once its resident
+  memory passes a limit (the worker's settings); framework state and GPU
+  memory are released after every trial (``Runner.release``);
+- a trial whose strategy needs a framework runtime that never ran
+  (``Runner.fresh_process``) is handed back by a warm executor and runs in
+  a one-shot executor of its own, which exits after it.
+
+Executors are started with ``spawn`` (no inherited Kafka clients or threads)
+and are not daemons, so they may start the ranks or workers of a
+multi-process strategy. They die with the worker (``die_with_parent``).
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing as mp
+import os
+import queue
+import resource
+import sys
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shared.log import configure_logging, get_logger
+from svc_trainer.lifetime import die_with_parent
+from svc_trainer.plan import (
+    DataLoaded,
+    DataRequest,
+    DataSplits,
+    Runner,
+    RunResult,
+    RunSpec,
+    StopReason,
+    TrialError,
+)
+
+log = get_logger("svc_trainer")
+
+# ---- what an executor says ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The executor imported its runner and warmed up; it takes trials now."""
+
+    pid: int
+    warm_seconds: float
+
+
+@dataclass(frozen=True)
+class Started:
+    resumed_from_step: int
+    note: str = ""
+    # Which process runs the trial, and how many trials it ran before (0:
+    # this is its first): the proof that executors are reused.
+    pid: int = 0
+    trials_before: int = 0
+    data_cached: bool = False
+
+
+@dataclass(frozen=True)
+class Epoch:
+    step: int
+    metrics: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: RunResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+    message: str
+    # False when the configuration is at fault (the tuner quarantines it).
+    retryable: bool
+
+
+@dataclass(frozen=True)
+class NeedsFresh:
+    """The trial needs a process whose framework runtime never ran: the warm
+    executor did not start it and exits; run it in a one-shot executor."""
+
+
+@dataclass(frozen=True)
+class Idle:
+    """The trial ended (its Finished or Failed came first) and its state was
+    released; ``retiring``: the executor exits now."""
+
+    rss_bytes: int
+    retiring: bool
+
+
+Event = Ready | Started | Epoch | DataLoaded | Finished | Failed | NeedsFresh | Idle
+
+
+@dataclass(frozen=True)
+class Job:
+    spec: RunSpec
+    data: DataRequest
+
+
+# ---- the worker's side ------------------------------------------------------------------
+
+
+class Executor:
+    """One executor process, seen from the worker."""
+
+    def __init__(
+        self,
+        framework: str,
+        runner_path: str,
+        *,
+        one_shot: bool = False,
+        threads: int = 0,
+        cached_datasets: int = 4,
+        log_level: str = "INFO",
+        log_format: str = "json",
+    ) -> None:
+        self.framework = framework
+        self.one_shot = one_shot
+        self.trials = 0
+        self.busy = False
+        self.ready = False
+        self.started_at = time.monotonic()
+        context = mp.get_context("spawn")
+        self._jobs: mp.Queue[Job | None] = context.Queue()
+        self._events: mp.Queue[Event] = context.Queue()
+        self._stop = context.Value("i", int(StopReason.NONE))
+        self._process = context.Process(
+            target=_main,
+            args=(
+                runner_path,
+                one_shot,
+                threads,
+                cached_datasets,
+                self._jobs,
+                self._events,
+                self._stop,
+                log_level,
+                log_format,
+            ),
+            name=f"executor-{framework}{'-one-shot' if one_shot else ''}",
+            daemon=False,
+        )
+        self._process.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def submit(self, job: Job) -> None:
+        """Hand the executor a trial (it starts once the executor is ready)."""
+        with self._stop.get_lock():
+            self._stop.value = int(StopReason.NONE)
+        self.busy = True
+        self.trials += 1
+        self._jobs.put(job)
+
+    def request_stop(self, reason: StopReason) -> None:
+        """Ask the run to stop at its next check. A shutdown wins over a
+        prune (the trial is handed back rather than reported)."""
+        with self._stop.get_lock():
+            if reason is StopReason.SHUTDOWN or self._stop.value == StopReason.NONE:
+                self._stop.value = int(reason)
+
+    def events(self, timeout: float) -> list[Event]:
+        """What the executor said since the last call, waiting up to
+        ``timeout`` for the first event."""
+        out: list[Event] = []
+        try:
+            out.append(self._events.get(timeout=timeout) if timeout > 0 else self._get_nowait())
+            while True:
+                out.append(self._get_nowait())
+        except queue.Empty:
+            pass
+        for event in out:
+            if isinstance(event, Ready):
+                self.ready = True
+            elif isinstance(event, Idle | NeedsFresh):
+                self.busy = False
+        return out
+
+    def _get_nowait(self) -> Event:
+        return self._events.get_nowait()
+
+    def alive(self) -> bool:
+        return self._process.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._process.exitcode
+
+    def death(self) -> str:
+        """How the process ended, in words."""
+        code = self._process.exitcode
+        if code is None:
+            return "still running"
+        if code < 0:
+            import signal
+
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with code {code}"
+
+    def retire(self, timeout: float = 10.0) -> None:
+        """Let the executor finish and exit; killed if it does not in time."""
+        if self._process.is_alive():
+            try:
+                self._jobs.put(None)
+            except (OSError, ValueError):
+                pass
+            self._process.join(timeout)
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill the process (its ranks and workers die with it)."""
+        if self._process.is_alive():
+            self._process.kill()
+        self._process.join(timeout=30)
+        self.close()
+
+    def close(self) -> None:
+        for channel in (self._jobs, self._events):
+            channel.close()
+            channel.cancel_join_thread()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When the pool replaces an executor between trials."""
+
+    max_trials: int = 0  # 0: never by count
+    max_memory_bytes: int = 0  # 0: never by memory
+
+
+def replacement_reason(
+    limits: Limits, *, trials: int, one_shot: bool, alive: bool, idle: Idle | None, death: str
+) -> str:
+    """Why an executor that just ended a trial must go ("": it stays)."""
+    if idle is not None and idle.retiring:
+        return "it ran a one-shot trial" if one_shot else "it retired"
+    if not alive:
+        return f"it died ({death})"
+    if idle is None:
+        return "it did not go idle"
+    if limits.max_trials and trials >= limits.max_trials:
+        return f"it ran {trials} trials"
+    if limits.max_memory_bytes and idle.rss_bytes > limits.max_memory_bytes:
+        return f"it holds {idle.rss_bytes >> 20} MiB, above {limits.max_memory_bytes >> 20} MiB"
+    return ""
+
+
+class ExecutorPool:
+    """The worker's executors: one warm executor per framework, started at
+    start-up (``warm``) or by the first trial that needs it, replaced when it
+    dies, recycled after ``limits``; and one-shot executors for the trials
+    that need a fresh process."""
+
+    def __init__(
+        self,
+        runners: Mapping[str, str],
+        limits: Limits,
+        *,
+        threads: int = 0,
+        cached_datasets: int = 4,
+        log_level: str = "INFO",
+        log_format: str = "json",
+    ) -> None:
+        self._runners = dict(runners)
+        self._limits = limits
+        self._options: dict[str, Any] = {
+            "threads": threads,
+            "cached_datasets": cached_datasets,
+            "log_level": log_level,
+            "log_format": log_format,
+        }
+        self._warm: dict[str, Executor] = {}
+        self.started = 0
+
+    @property
+    def frameworks(self) -> tuple[str, ...]:
+        return tuple(self._runners)
+
+    def warm(self, frameworks: tuple[str, ...]) -> None:
+        """Start the warm executors of ``frameworks`` now (they import and
+        warm up while the worker waits for trials)."""
+        for framework in frameworks:
+            self.executor_for(framework)
+
+    def executor_for(self, framework: str) -> Executor:
+        """The framework's warm executor, started (or replaced) if needed."""
+        executor = self._warm.get(framework)
+        if executor is not None and not executor.alive():
+            log.warning(
+                "executor.died_idle", framework=framework, pid=executor.pid, how=executor.death()
+            )
+            executor.close()
+            executor = None
+        if executor is None:
+            executor = self._start(framework, one_shot=False)
+            self._warm[framework] = executor
+        return executor
+
+    def one_shot(self, framework: str) -> Executor:
+        return self._start(framework, one_shot=True)
+
+    def _start(self, framework: str, *, one_shot: bool) -> Executor:
+        path = self._runners.get(framework)
+        if path is None:
+            raise TrialError(
+                f"unknown framework {framework!r}; known: {', '.join(self._runners)}",
+                reason="unknown_framework",
+            )
+        self.started += 1
+        executor = Executor(framework, path, one_shot=one_shot, **self._options)
+        log.info("executor.starting", framework=framework, pid=executor.pid, one_shot=one_shot)
+        return executor
+
+    def trial_ended(self, executor: Executor, idle: Idle | None) -> None:
+        """After a trial: replace the executor if it died, retires, ran its
+        last trial or holds too much memory. The replacement starts at once,
+        so it is warm by the next trial."""
+        why = replacement_reason(
+            self._limits,
+            trials=executor.trials,
+            one_shot=executor.one_shot,
+            alive=executor.alive(),
+            idle=idle,
+            death=executor.death(),
+        )
+        if not why:
+            return
+        log.info(
+            "executor.replaced",
+            framework=executor.framework,
+            pid=executor.pid,
+            why=why,
+            trials=executor.trials,
+        )
+        if executor.alive():
+            executor.retire()
+        else:
+            executor.kill()
+        if self._warm.get(executor.framework) is executor:
+            del self._warm[executor.framework]
+            self.executor_for(executor.framework)
+
+    def discard(self, executor: Executor) -> None:
+        """Kill ``executor`` (a trial could not be stopped in time)."""
+        executor.kill()
+        if self._warm.get(executor.framework) is executor:
+            del self._warm[executor.framework]
+
+    def idle_events(self, running: Executor | None) -> list[tuple[Executor, Event]]:
+        """Events of the warm executors not running a trial (their Ready)."""
+        return [
+            (executor, event)
+            for executor in self._warm.values()
+            if executor is not running
+            for event in executor.events(timeout=0)
+        ]
+
+    def close(self) -> None:
+        for executor in self._warm.values():
+            executor.retire()
+        self._warm.clear()
+
+
+# ---- the executor's side ----------------------------------------------------------------
+
+
+class _QueueChannel:
+    def __init__(self, events: mp.Queue[Event], stop: Any) -> None:
+        self._events, self._stop = events, stop
+        self.started_with: dict[str, Any] = {}
+
+    def started(self, resumed_from_step: int, note: str = "") -> None:
+        self._events.put(Started(resumed_from_step, note, **self.started_with))
+
+    def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._events.put(Epoch(step, dict(metrics)))
+
+    def stop_requested(self) -> StopReason:
+        return StopReason(self._stop.value)
+
+
+class _DataCache:
+    """The datasets this executor loaded, by ``data.cache_key``, newest last."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[tuple[str, ...], DataSplits] = OrderedDict()
+
+    def get(self, request: DataRequest) -> tuple[DataSplits, bool]:
+        from svc_trainer import data as datasets
+
+        key = datasets.cache_key(
+            request.dataset, request.options, seed=request.seed, features_path=request.features_path
+        )
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return self._entries[key], True
+        loaded = datasets.load(
+            request.dataset, request.options, seed=request.seed, features_path=request.features_path
+        )
+        if self._size > 0:
+            self._entries[key] = loaded
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        return loaded, False
+
+
+def _main(
+    runner_path: str,
+    one_shot: bool,
+    threads: int,
+    cached_datasets: int,
+    jobs: mp.Queue[Job | None],
+    events: mp.Queue[Event],
+    stop: Any,
+    log_level: str,
+    log_format: str,
+) -> None:
+    die_with_parent()
+    configure_logging("svc_trainer", log_level, log_format)
+    code = 0
+    try:
+        from svc_trainer import runners
+
+        began = time.monotonic()
+        runner = runners.load(runner_path)
+        if not one_shot:
+            runner.warm_up(threads)
+        events.put(Ready(os.getpid(), time.monotonic() - began))
+        cache = _DataCache(cached_datasets)
+        done = 0
+        while (job := jobs.get()) is not None:
+            if not one_shot and runner.fresh_process(job.spec):
+                events.put(NeedsFresh())
+                break
+            _run_trial(runner, job, cache, events, stop, trials_before=done)
+            done += 1
+            events.put(Idle(_rss_bytes(), retiring=one_shot))
+            if one_shot:
+                break
+    except BaseException:
+        log.error("executor.crashed", error=traceback.format_exc())
+        code = 1
+    finally:
+        events.close()
+        events.join_thread()
+        # Everything is said; skip the interpreter's teardown, where a
+        # framework's threads (gloo, TensorFlow) now and then abort the process.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _run_trial(
+    runner: Runner,
+    job: Job,
+    cache: _DataCache,
+    events: mp.Queue[Event],
+    stop: Any,
+    *,
+    trials_before: int,
+) -> None:
+    spec = job.spec
+    log_ = get_logger("svc_trainer")
+    try:
+        splits, cached = cache.get(job.data)
+        from svc_trainer import evaluation
+
+        splits = evaluation.prepare(splits, spec.options)
+        events.put(
+            DataLoaded(
+                splits.name,
+                splits.version,
+                splits.source,
+                splits.offsets,
+                splits.feature,
+                train_examples=len(splits.y_train),
+            )
+        )
+        channel = _QueueChannel(events, stop)
+        channel.started_with = {
+            "pid": os.getpid(),
+            "trials_before": trials_before,
+            "data_cached": cached,
+        }
+        result = evaluation.run(runner, spec, splits, channel)
+        events.put(Finished(result))
+    except TrialError as exc:
+        events.put(Failed(exc.reason, str(exc), retryable=False))
+    except Exception as exc:  # the machine's fault, not the trial's: may be retried
+        log_.error("trial.crashed", trial_id=spec.trial_id, error=traceback.format_exc())
+        events.put(Failed("training_error", f"{type(exc).__name__}: {exc}", retryable=True))
+    finally:
+        try:
+            runner.release()
+        finally:
+            gc.collect()
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory now (its peak where /proc is absent)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+__all__ = [
+    "DataLoaded",
+    "Epoch",
+    "Event",
+    "Executor",
+    "ExecutorPool",
+    "Failed",
+    "Finished",
+    "Idle",
+    "Job",
+    "Limits",
+    "NeedsFresh",
+    "Ready",
+    "Started",
+]
