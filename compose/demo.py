@@ -55,7 +55,10 @@ def add_parser(commands: Any) -> None:
     demo.add_argument("--keep", action="store_true", help="leave the stack running at the end")
     demo.add_argument("--sensor-events", type=int, default=16_000, help="sensor readings to send")
     demo.add_argument("--weblog-events", type=int, default=4_000, help="web log lines to send")
-    demo.add_argument("--trials", type=int, default=16, help="trials of the digits study")
+    demo.add_argument("--trials", type=int, default=64, help="trials of the digits study")
+    demo.add_argument(
+        "--folds", type=int, default=10, help="folds of the cross-validated comparison"
+    )
     demo.set_defaults(run=run)
 
 
@@ -143,6 +146,7 @@ class StudyOutcome:
     study_id: str
     counts: dict[str, int]
     best: Any  # api.Trial or None
+    metric: str = ""  # the objective
 
 
 class Demo:
@@ -156,9 +160,9 @@ class Demo:
     def run(self) -> Summary:
         self._stack_up()
         self._events()
-        digits, default = self._digits_studies()
-        self._baselines(digits, default)
-        forecast = self._forecast_study()
+        digits = self._digits_study()
+        forecast, cross_validations = self._forecast_study(digits)
+        self._comparison(*cross_validations)
         self._serve(digits, forecast)
         self.console.step(7, f"done in {self.console.elapsed:.0f} s")
         self.summary.add("demo wall time", f"{self.console.elapsed:.0f} s")
@@ -216,10 +220,9 @@ class Demo:
             f"lines ({BAD_FRACTION:.0%} malformed, {DUPLICATE_FRACTION:.0%} repeated)",
         )
         kafka = self._kafka()
-        started = time.time()
         topics = (EVENTS_RAW, EVENTS_CLEAN, EVENTS_DLQ, FEATURES_WINDOWS)
-        # A stack that ran before keeps its topics: count what this run adds.
-        before = {t: topic_size(kafka, t) for t in topics}
+        # From the end as of now: a stack that ran before keeps its topics.
+        counter = NewRecords(kafka, topics, reasons_of=EVENTS_DLQ)
         producer = BusProducer(
             kafka, source="aistack-demo", config={"message.max.bytes": 8 * 1024 * 1024}
         )
@@ -245,13 +248,11 @@ class Demo:
             f"  sent {sum(sent.values())} records: {sent['good']} good, {sent['bad']} "
             f"malformed, {sent['duplicate']} repeated"
         )
-        counts: dict[str, int] = {}
         last: list[tuple[int, ...]] = []
 
         def flowing() -> bool | None:
-            for topic in topics:
-                counts[topic] = topic_size(kafka, topic) - before[topic]
-            last.append(tuple(counts.values()))
+            counts = counter.update()
+            last.append(tuple(counts[t] for t in topics))
             settled = len(last) >= 6 and len(set(last[-6:])) == 1
             expected_clean = sent["good"] * 0.95
             return (
@@ -261,47 +262,89 @@ class Demo:
             )
 
         def show() -> str:
+            counts = counter.counts
             return (
-                f"raw {counts.get(EVENTS_RAW, 0):>6}   clean {counts.get(EVENTS_CLEAN, 0):>6}   "
-                f"dead letters {counts.get(EVENTS_DLQ, 0):>5}   "
-                f"feature windows {counts.get(FEATURES_WINDOWS, 0):>5}"
+                f"raw {counts[EVENTS_RAW]:>6}   clean {counts[EVENTS_CLEAN]:>6}   "
+                f"dead letters {counts[EVENTS_DLQ]:>5}   "
+                f"feature windows {counts[FEATURES_WINDOWS]:>5}"
             )
 
-        self._wait("events to be cleaned and aggregated", flowing, 240, show)
-        reasons = dead_letter_reasons(kafka, EVENTS_DLQ, since=started)
+        try:
+            self._wait("events to be cleaned and aggregated", flowing, 240, show)
+        finally:
+            counter.close()
+        counts, reasons = counter.counts, counter.reasons
         self.summary.add("events published", f"{sum(sent.values())} ({sent['good']} good)")
         self.summary.add("clean events", counts[EVENTS_CLEAN])
         top = ", ".join(f"{r} {n}" for r, n in reasons.most_common(6))
         self.summary.add("dead letters", f"{sum(reasons.values())}: {top}")
-        # Repeated records are dropped by svc_ingest's dedup table, not dead-lettered.
+        # Repeated records are dropped by svc_ingest's dedup table, not
+        # dead-lettered. Committed records only: the clean topic is written in
+        # transactions, whose markers take offsets too.
         dropped = sent["good"] + sent["duplicate"] - counts[EVENTS_CLEAN]
         self.summary.add("repeated records not passed on", f"{dropped} of {sent['duplicate']} sent")
         self.summary.add("feature windows", counts[FEATURES_WINDOWS])
 
     # ---- 3: studies ----
 
-    def _digits_studies(self) -> tuple[StudyOutcome, StudyOutcome]:
+    def _digits_study(self) -> StudyOutcome:
+        spec = self._spec("digits-demo.yaml")
+        spec.budget.max_trials = self.args.trials
         self.console.step(
             3,
-            f"tuning the digits CNN: {self.args.trials} trials, 4 in flight over the trainers, "
-            "TPE with ASHA pruning, PyTorch and TensorFlow trials; and the default configuration",
+            f"tuning the digits CNN: {self.args.trials} trials, {spec.budget.max_parallel} in "
+            f"flight over the trainers, TPE with {_pruner_name(spec)}, PyTorch and TensorFlow "
+            "trials",
         )
-        default_spec = self._spec("digits-default.yaml")
-        digits_spec = self._spec("digits-demo.yaml")
-        digits_spec.budget.max_trials = self.args.trials
-        default = self._study(default_spec, watch=False)
-        digits = self._study(digits_spec, watch=True)
-        default = self._finish(default.study_id)
+        digits = self._study(spec, watch=True)
         self._study_summary("digits study", digits)
-        return digits, default
+        return digits
 
-    def _forecast_study(self) -> StudyOutcome:
+    def _forecast_study(self, digits: StudyOutcome) -> tuple[StudyOutcome, tuple[str, str]]:
+        """The forecasting study, and beside it the default and the tuned
+        configurations' cross-validations (their study ids: they end later)."""
+        folds = self.args.folds
         self.console.step(
-            5, "forecasting the next window's mean temperature from the windows Spark wrote"
+            4,
+            "forecasting the next window's mean temperature from the windows Spark wrote; "
+            f"beside it the default and the tuned configurations, each cross-validated in "
+            f"{folds} trials (one per fold) over the trainers",
         )
+        if digits.best is None:
+            raise ServiceDied("the digits study completed no trial: nothing to cross-validate")
+        digits_spec = self._spec("digits-demo.yaml")
+        default = self._study(self._cv_spec("default", digits_spec, {}), watch=False)
+        tuned = self._study(self._cv_spec("tuned", digits_spec, digits.best.params), watch=False)
         outcome = self._study(self._spec("forecast.yaml"), watch=True)
         self._study_summary("forecast study", outcome)
-        return outcome
+        return outcome, (default.study_id, tuned.study_id)
+
+    def _cv_spec(self, label: str, digits_spec: Any, params: Any) -> Any:
+        """A study that cross-validates one configuration of the digits
+        study's model (``params``; the defaults for the rest) with its task
+        and epochs: a grid over the folds (``cv_fold``), one trial each, the
+        trainers splitting every digit into the same stratified folds
+        (``task.options.cv_folds``) for any configuration."""
+        from shared.contracts.aistack.v1 import tuning_pb2
+
+        spec = tuning_pb2.StudySpec()
+        spec.CopyFrom(digits_spec)
+        spec.name = f"digits-cv-{label}-{self.run_id}"
+        del spec.params[:]
+        for name, value in sorted(params.items()):
+            spec.params.add(name=name).categorical.choices.add().CopyFrom(value)
+        folds = spec.params.add(name="cv_fold").categorical
+        for fold in range(self.args.folds):
+            folds.choices.add().int_value = fold
+        spec.sampler.Clear()
+        spec.sampler.kind = tuning_pb2.SAMPLER_KIND_GRID
+        spec.pruner.Clear()
+        spec.pruner.kind = tuning_pb2.PRUNER_KIND_NONE
+        spec.budget.max_trials = self.args.folds
+        spec.budget.time_limit.FromSeconds(1800)
+        spec.refit = False
+        spec.task.options["cv_folds"] = str(self.args.folds)
+        return spec
 
     def _spec(self, file: str) -> Any:
         from compose.study import load_spec
@@ -346,7 +389,7 @@ class Demo:
 
         study = self._wait(f"study {study_id}", ended, 900, lambda: f"study {study_id} running")
         best = study.best_trial if study.HasField("best_trial") else None
-        return StudyOutcome(study_id, dict(study.trial_counts), best)
+        return StudyOutcome(study_id, dict(study.trial_counts), best, study.spec.objective.metric)
 
     def _tuner(self, call: Callable[[Any], T]) -> T:
         import grpc
@@ -364,34 +407,69 @@ class Demo:
 
             self.summary.add(f"{label} best", describe_trial(outcome.best))
 
-    # ---- 4: tuned against default against SVC ----
+    # ---- 5: tuned against default against SVC, by k-fold cross-validation ----
 
-    def _baselines(self, digits: StudyOutcome, default: StudyOutcome) -> None:
-        self.console.step(4, "tuned against default against a scikit-learn SVC, same split")
-        from sklearn.svm import SVC
+    def _comparison(self, default_cv: str, tuned_cv: str) -> None:
+        from compose import kfold
 
-        from svc_trainer.data import load
-
-        data = load("digits", {}, seed=0)  # the split every trial trains on
-        svc = SVC().fit(data.x_train.reshape(len(data.x_train), -1), data.y_train)
-        predicted = svc.predict(data.x_test.reshape(len(data.x_test), -1))
-        svc_error = float((predicted != data.y_test).mean())
-        tuned = _metric(digits.best, "test_error")
-        base = _metric(default.best, "test_error")
-        rows = [("default CNN", base), ("tuned CNN", tuned), ("SVC (scikit-learn)", svc_error)]
-        for name, error in rows:
-            shown = "-" if error is None else f"{error:.2%}"
-            self.console.line(f"  test error  {name:<20} {shown}  ({len(data.y_test)} digits)")
-        if tuned is not None and base is not None:
-            less = (base - tuned) / base if base else 0.0
-            self.summary.add(
-                "test error: default → tuned",
-                f"{base:.2%} → {tuned:.2%} ({less:.0%} less error)",
+        folds = self.args.folds
+        self.console.step(
+            5,
+            f"default, tuned and a scikit-learn SVC by {folds}-fold cross-validation over every "
+            "digit (the same stratified folds for all three)",
+        )
+        errors = {
+            "default CNN": self._fold_errors(default_cv),
+            "tuned CNN": self._fold_errors(tuned_cv),
+            "SVC (scikit-learn)": svc_fold_errors(folds),
+        }
+        digits = svc_digits_count()
+        for name, fold_errors in errors.items():
+            self.console.line(
+                f"  {name:<20} error {kfold.estimate(fold_errors)} (mean ± 95% interval over "
+                f"{folds} folds, {digits} digits each predicted once)"
             )
-        self.summary.add("test error: SVC baseline", f"{svc_error:.2%}")
-        if tuned is not None:
-            verdict = "beats" if tuned < svc_error else "does not beat"
-            self.summary.add("tuned CNN vs SVC", f"the tuned CNN {verdict} the SVC")
+        against_default = kfold.paired(errors["tuned CNN"], errors["default CNN"])
+        against_svc = kfold.paired(errors["tuned CNN"], errors["SVC (scikit-learn)"])
+        helped = kfold.verdict("the tuned CNN", "the default configuration", against_default)
+        versus_svc = kfold.verdict("the tuned CNN", "the SVC", against_svc)
+        self.console.line(f"  {helped}")
+        self.console.line(f"  {versus_svc}")
+        self.console.line(
+            "  (the tuned configuration was chosen by validation error on the study's split, "
+            "whose validation digits are among those cross-validated here: nested "
+            "cross-validation would remove that optimism)"
+        )
+        self.summary.add(
+            f"{folds}-fold error: default → tuned",
+            f"{kfold.estimate(errors['default CNN'])} → {kfold.estimate(errors['tuned CNN'])} "
+            f"({against_default.less_error:.0%} less error, p={against_default.p_value:.3f})",
+        )
+        self.summary.add(
+            f"{folds}-fold error: SVC", f"{kfold.estimate(errors['SVC (scikit-learn)'])}"
+        )
+        self.summary.add("did tuning help", helped)
+        self.summary.add("tuned CNN vs SVC", versus_svc)
+
+    def _fold_errors(self, study_id: str) -> list[float]:
+        """Each fold's error, from the study's trials (one fold each)."""
+        from compose import kfold
+        from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+
+        outcome = self._finish(study_id)
+        trials = self._tuner(lambda stub: stub.ListTrials(api.ListTrialsRequest(study_id=study_id)))
+        metrics = {
+            name: value
+            for trial in trials.trials
+            if trial.state == api.TRIAL_STATE_COMPLETED
+            for name, value in trial.metrics.items()
+        }
+        try:
+            return kfold.fold_errors(metrics, self.args.folds)
+        except KeyError as missing:
+            raise ServiceDied(
+                f"cross-validation {study_id} has no error for {missing}: {outcome.counts}"
+            ) from None
 
     # ---- 6: serving ----
 
@@ -450,7 +528,9 @@ class Demo:
             f"  {name} version {version}: {accuracy:.2%} of {len(data.y_test)} held-out digits "
             f"right; latency p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms (one digit per call)"
         )
-        self.summary.add("served model", f"{name} version {version} (val_error {best_value:.4f})")
+        self.summary.add(
+            "served model", f"{name} version {version} ({digits.metric} {best_value:.4f})"
+        )
         self.summary.add("held-out accuracy over gRPC", f"{accuracy:.2%} of {len(data.y_test)}")
         self.summary.add("gRPC latency p50 / p99", f"{p50 * 1000:.2f} ms / {p99 * 1000:.2f} ms")
 
@@ -531,10 +611,40 @@ def _request(name: str, x: Any) -> Any:
     return request
 
 
-def _metric(trial: Any, name: str) -> float | None:
-    if trial is None or name not in trial.metrics:
-        return None
-    return float(trial.metrics[name])
+def _pruner_name(spec: Any) -> str:
+    from shared.contracts.aistack.v1 import tuning_pb2
+
+    name = tuning_pb2.PrunerKind.Name(spec.pruner.kind).removeprefix("PRUNER_KIND_")
+    readable = {"SUCCESSIVE_HALVING": "ASHA", "HYPERBAND": "Hyperband", "MEDIAN": "median"}
+    pruner = readable.get(name, name.lower())
+    if spec.pruner.min_resource:
+        return f"{pruner} pruning (at least {spec.pruner.min_resource} epochs)"
+    return f"{pruner} pruning"
+
+
+def svc_fold_errors(folds: int) -> list[float]:
+    """scikit-learn's SVC (its defaults) on the same folds as the trainers'
+    cross-validation trials (``svc_trainer.evaluation``, seed 0)."""
+    import numpy
+    from sklearn.svm import SVC
+
+    from svc_trainer.data import load
+    from svc_trainer.evaluation import all_examples, stratified_folds
+
+    x, y = all_examples(load("digits", {}, seed=0))
+    flat = x.reshape(len(x), -1)
+    errors = []
+    for test in stratified_folds(y, folds, seed=0):
+        train = numpy.setdiff1d(numpy.arange(len(y)), test)
+        predicted = SVC().fit(flat[train], y[train]).predict(flat[test])
+        errors.append(float((predicted != y[test]).mean()))
+    return errors
+
+
+def svc_digits_count() -> int:
+    from sklearn.datasets import load_digits
+
+    return len(load_digits().target)
 
 
 def _percentile(values: list[float], q: int) -> float:
@@ -550,42 +660,38 @@ def _an_entity(redis: Any, feature: str) -> tuple[str | None, str]:
     return None, ""
 
 
-def topic_size(kafka: KafkaSettings, topic: str) -> int:
-    """Records in ``topic`` (end offsets summed over its partitions)."""
-    from confluent_kafka import Consumer, TopicPartition
+class NewRecords:
+    """Counts the records committed to some topics from now on.
 
-    consumer = Consumer({**kafka.client_config(), "group.id": "aistack-demo-sizes"})
-    try:
-        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            return 0
-        total = 0
-        for partition in metadata.partitions:
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            total += high
-        return total
-    finally:
-        consumer.close()
+    A consumer reading committed records only (librdkafka's default
+    isolation): a transaction's marker takes an offset but is no record, and
+    an aborted transaction's records never count, so the sums of end offsets
+    would overstate a transactional topic. ``reasons_of`` names a dead-letter
+    topic whose records are also counted by reason."""
 
+    def __init__(
+        self, kafka: KafkaSettings, topics: tuple[str, ...], *, reasons_of: str = ""
+    ) -> None:
+        from shared.bus.consumer import BusTail
+        from shared.contracts.aistack.v1 import events_pb2
 
-def dead_letter_reasons(kafka: KafkaSettings, topic: str, *, since: float) -> Counter[str]:
-    """How many dead letters ``topic`` holds, rejected at or after ``since``
-    (epoch seconds), by reason."""
-    from shared.bus.consumer import BusTail
-    from shared.contracts.aistack.v1 import events_pb2
+        self._tail = BusTail(kafka, topics=topics, message_cls=events_pb2.DeadLetter)
+        self._reasons_of = reasons_of
+        self.counts: dict[str, int] = dict.fromkeys(topics, 0)
+        self.reasons: Counter[str] = Counter()
 
-    tail = BusTail(kafka, topics=[topic], message_cls=events_pb2.DeadLetter, from_beginning=True)
-    reasons: Counter[str] = Counter()
-    try:
-        while not tail.caught_up():
-            for record in tail.poll_batch(1000, timeout=0.5):
-                with contextlib.suppress(AistackError):
-                    letter = record.decode()
-                    if letter.rejected_time.ToSeconds() >= int(since):
-                        reasons[letter.reason] += 1
-    finally:
-        tail.close()
-    return reasons
+    def update(self) -> dict[str, int]:
+        """Read what arrived since the last call; the counts so far."""
+        while records := self._tail.poll_batch(5000, timeout=0.2):
+            for record in records:
+                self.counts[record.topic] += 1
+                if record.topic == self._reasons_of:
+                    with contextlib.suppress(AistackError):
+                        self.reasons[record.decode().reason] += 1
+        return self.counts
+
+    def close(self) -> None:
+        self._tail.close()
 
 
-__all__ = ["Demo", "add_parser", "run"]
+__all__ = ["Demo", "NewRecords", "add_parser", "run"]

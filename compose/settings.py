@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 from pydantic import Field, model_validator
@@ -49,6 +50,10 @@ class StackSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AISTACK_STACK_", frozen=True, extra="ignore")
 
     trainers: int = Field(default=2, ge=1, le=64)
+    # Intra-op threads of each trainer's training (AISTACK_TRAINER_THREADS);
+    # 0: this machine's cores shared evenly among the trainers, so that two
+    # trials side by side do not fight over the same cores.
+    trainer_threads: int = Field(default=0, ge=0, le=1024)
     # How long the services may take, together, to become ready.
     start_timeout: float = Field(default=180.0, gt=0)
     tuner_port: int = Field(default=50051, ge=1, le=65535)
@@ -77,6 +82,11 @@ class StackSettings(BaseSettings):
                     f"({other.setting}) and {use.service} {use.role} ({use.setting})"
                 )
         return self
+
+    def threads_per_trainer(self) -> int:
+        if self.trainer_threads:
+            return self.trainer_threads
+        return max(1, (os.cpu_count() or 1) // self.trainers)
 
     def trainer_names(self) -> list[str]:
         return [f"svc_trainer-{i}" for i in range(1, self.trainers + 1)]

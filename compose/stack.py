@@ -138,6 +138,7 @@ class ServiceStack:
                     (local, port),
                     AISTACK_TRAINER_TRAINER_ID=f"trainer-{i + 1}",
                     AISTACK_TRAINER_METRICS_PORT=str(port),
+                    AISTACK_TRAINER_THREADS=str(s.threads_per_trainer()),
                 )
             )
         services.append(

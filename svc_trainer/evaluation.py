@@ -19,6 +19,10 @@ or stratified k-fold cross-validation.
   the held-out folds (``val_*`` and ``test_*`` alike) and each fold's
   (``fold_<i>_<metric>``). Progress steps run on through the folds (fold
   ``i``'s epoch ``e`` is step ``i * epochs + e``).
+- ``options["cv_fold"] = i`` as well (the trainer puts a ``cv_fold`` trial
+  parameter there): only fold ``i`` of those folds, so that a study whose
+  trials are the folds (a grid over ``cv_fold``) spreads one
+  cross-validation over every trainer.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from svc_trainer.plan import (
 REFIT = "refit"
 CV_FOLDS = "cv_folds"
 CV_SEED = "cv_seed"
+CV_FOLD = "cv_fold"
 MAX_FOLDS = 50
 
 
@@ -76,6 +81,19 @@ def cv_folds(options: Mapping[str, str]) -> int:
     if not text.isdigit() or not 2 <= int(text) <= MAX_FOLDS:
         raise TrialError(
             f'options["{CV_FOLDS}"]={text!r}: expected an integer 2..{MAX_FOLDS}',
+            reason="invalid_params",
+        )
+    return int(text)
+
+
+def cv_fold(options: Mapping[str, str], folds: int) -> int | None:
+    """The one fold ``options`` asks for, if any."""
+    text = options.get(CV_FOLD, "")
+    if not text:
+        return None
+    if not text.isdigit() or int(text) >= folds:
+        raise TrialError(
+            f'options["{CV_FOLD}"]={text!r}: expected a fold 0..{folds - 1}',
             reason="invalid_params",
         )
     return int(text)
@@ -116,6 +134,11 @@ def run(runner: Runner, spec: RunSpec, data: DataSplits, channel: Channel) -> Ru
     docstring)."""
     folds = cv_folds(spec.options)
     if not folds:
+        if CV_FOLD in spec.options:
+            raise TrialError(
+                f'a "{CV_FOLD}" needs options["{CV_FOLDS}"]: how many folds',
+                reason="invalid_params",
+            )
         return runner.run(spec, data, channel)
     if data.task != TASK_CLASSIFICATION:
         raise TrialError(
@@ -124,11 +147,13 @@ def run(runner: Runner, spec: RunSpec, data: DataSplits, channel: Channel) -> Ru
             reason="invalid_params",
         )
     seed = int(spec.options.get(CV_SEED, "0") or 0)
+    only = cv_fold(spec.options, folds)
     x, y = all_examples(data)
     held_out = stratified_folds(y, folds, seed)
     every = np.arange(len(y))
-    results: list[RunResult] = []
-    for fold, test in enumerate(held_out):
+    chosen = list(enumerate(held_out)) if only is None else [(only, held_out[only])]
+    results: list[tuple[int, RunResult]] = []
+    for position, (fold, test) in enumerate(chosen):
         train = np.setdiff1d(every, test, assume_unique=True)
         fold_data = replace(
             data,
@@ -143,56 +168,59 @@ def run(runner: Runner, spec: RunSpec, data: DataSplits, channel: Channel) -> Ru
             spec,
             checkpoint_dir=str(Path(spec.checkpoint_dir) / f"fold-{fold}"),
             export=False,
-            seed=(spec.seed + fold) % (2**31),
+            seed=(spec.seed + position) % (2**31),
         )
-        result = runner.run(fold_spec, fold_data, _FoldChannel(channel, fold, spec.epochs))
+        channel_of_fold = _FoldChannel(channel, position, fold, spec.epochs)
+        result = runner.run(fold_spec, fold_data, channel_of_fold)
         if result.stopped is not StopReason.NONE:
             return replace(
                 result,
-                epochs_completed=fold * spec.epochs + result.epochs_completed,
+                epochs_completed=position * spec.epochs + result.epochs_completed,
                 test_metrics={},
             )
-        results.append(result)
+        results.append((fold, result))
     return _combined(results, spec.epochs)
 
 
-def _combined(results: list[RunResult], epochs: int) -> RunResult:
+def _combined(results: list[tuple[int, RunResult]], epochs: int) -> RunResult:
     def mean(values: list[float]) -> float:
         finite = [v for v in values if math.isfinite(v)]
         return float(np.mean(finite)) if finite else math.nan
 
+    runs = [result for _, result in results]
     val = {
-        name: mean([r.val_metrics.get(name, math.nan) for r in results])
-        for name in results[0].val_metrics
+        name: mean([r.val_metrics.get(name, math.nan) for r in runs])
+        for name in runs[0].val_metrics
     }
     test = {
-        name: mean([r.test_metrics.get(name, math.nan) for r in results])
-        for name in results[0].test_metrics
+        name: mean([r.test_metrics.get(name, math.nan) for r in runs])
+        for name in runs[0].test_metrics
     }
-    for fold, result in enumerate(results):
+    for fold, result in results:
         for name, value in result.test_metrics.items():
             test[f"fold_{fold}_{name.removeprefix('test_')}"] = value
     # The held-out folds are the validation of a cross-validation: the
     # objective (a val_ metric) is the cross-validated score.
-    for name, value in test.items():
+    for name, value in list(test.items()):
         if name.startswith("test_"):
             val["val_" + name.removeprefix("test_")] = value
-    return RunResult(epochs_completed=len(results) * epochs, val_metrics=val, test_metrics=test)
+    return RunResult(epochs_completed=len(runs) * epochs, val_metrics=val, test_metrics=test)
 
 
 class _FoldChannel:
     """One fold's view of the trial's channel: one ``started`` for the whole
     trial, steps numbered on through the folds."""
 
-    def __init__(self, channel: Channel, fold: int, epochs: int) -> None:
-        self._channel, self._fold, self._epochs = channel, fold, epochs
+    def __init__(self, channel: Channel, position: int, fold: int, epochs: int) -> None:
+        self._channel, self._position, self._fold = channel, position, fold
+        self._epochs = epochs
 
     def started(self, resumed_from_step: int, note: str = "") -> None:
-        if self._fold == 0:
+        if self._position == 0:
             self._channel.started(resumed_from_step, note)
 
     def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
-        self._channel.epoch(self._fold * self._epochs + step, {**metrics, "fold": self._fold})
+        self._channel.epoch(self._position * self._epochs + step, {**metrics, "fold": self._fold})
 
     def stop_requested(self) -> StopReason:
         return self._channel.stop_requested()

@@ -64,7 +64,9 @@ class Hyperparams:
     """The article's hyperparameters with the defaults the demo calls "the
     default configuration". CNN: conv_layers x (conv kernel_width, filters,
     activation, 2x2 max-pool while the map is >= 8 wide), then dense_layers x
-    (units, activation, dropout), then the head. MLP: the dense part only."""
+    (units, activation, dropout), then the head; while training, ``augment``
+    of the images (a fraction, 0: none) are shifted by up to one pixel each
+    way. MLP: the dense part only."""
 
     learning_rate: float = 2e-3
     dropout: float = 0.25
@@ -78,6 +80,7 @@ class Hyperparams:
     batch_size: int = 32
     weight_decay: float = 0.0
     momentum: float = 0.9
+    augment: float = 0.0
 
     @classmethod
     def from_params(cls, params: Mapping[str, ParamScalar]) -> Hyperparams:
@@ -127,6 +130,8 @@ class Hyperparams:
             raise bad("weight_decay", "0 <= weight_decay < 1")
         if not 0 <= self.momentum < 1:
             raise bad("momentum", "0 <= momentum < 1")
+        if not 0 <= self.augment <= 1:
+            raise bad("augment", "0 <= augment <= 1")
 
 
 def _coerce(name: str, value: ParamScalar, kind: Any) -> Any:

@@ -108,6 +108,8 @@ def build_model(model_family: str, hp: Hyperparams, data: DataSplits) -> Any:
     x: Any = inputs
     if model_family == "cnn":
         height, width = sample_shape
+        if hp.augment > 0:
+            x = random_shift(hp.augment)(x)
         x = layers.Reshape((height, width, 1), name="add_channel")(x)
         for i in range(hp.conv_layers):
             x = layers.Conv2D(
@@ -141,6 +143,36 @@ def build_model(model_family: str, hp: Hyperparams, data: DataSplits) -> Any:
             outputs
         )
     return keras.Model(inputs, outputs, name=f"{model_family}_{data.name}")
+
+
+def random_shift(fraction: float) -> Any:
+    """A layer that, while training, moves a random ``fraction`` of the
+    images (N, H, W) by up to one pixel each way (zeros fill the edge), as
+    ``torch_models.RandomShift``; the identity otherwise."""
+    import keras
+    import tensorflow as tf
+
+    class RandomShift(keras.layers.Layer):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(name="random_shift")
+            self.seeds = keras.random.SeedGenerator()
+
+        def call(self, x: Any, training: Any = None) -> Any:
+            if not training:
+                return x
+            height, width = int(x.shape[1]), int(x.shape[2])
+            padded = tf.pad(x, [[0, 0], [1, 1], [1, 1]])
+            shifts = [(dy, dx) for dy in range(3) for dx in range(3)]
+            moved = tf.stack(
+                [padded[:, dy : dy + height, dx : dx + width] for dy, dx in shifts], axis=1
+            )
+            n = tf.shape(x)[:1]
+            choice = keras.random.randint(n, 0, 9, seed=self.seeds)
+            kept = keras.random.uniform(n, seed=self.seeds) >= fraction
+            choice = tf.where(kept, tf.constant(4, choice.dtype), choice)  # 4: not moved
+            return tf.gather(moved, choice, batch_dims=1)
+
+    return RandomShift()
 
 
 def make_optimizer(hp: Hyperparams) -> Any:

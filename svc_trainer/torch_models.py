@@ -68,6 +68,29 @@ class Rescale(nn.Module):
         return x * self.std + self.mean
 
 
+class RandomShift(nn.Module):
+    """While training, moves a random ``fraction`` of the images (N, H, W) by
+    up to one pixel each way (zeros fill the edge); the identity otherwise,
+    so the exported model does not have it."""
+
+    def __init__(self, fraction: float) -> None:
+        super().__init__()
+        self.fraction = fraction
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.fraction <= 0:
+            return x
+        n, height, width = x.shape
+        padded = nn.functional.pad(x, (1, 1, 1, 1))
+        offsets = torch.randint(0, 3, (2, n), device=x.device)
+        kept = torch.rand(n, device=x.device) >= self.fraction
+        offsets[:, kept] = 1  # the centre: not moved
+        rows = offsets[0, :, None] + torch.arange(height, device=x.device)
+        cols = offsets[1, :, None] + torch.arange(width, device=x.device)
+        batch = torch.arange(n, device=x.device)[:, None, None]
+        return padded[batch, rows[:, :, None], cols[:, None, :]]
+
+
 def build(family: str, hp: Hyperparams, data: DataSplits) -> nn.Sequential:
     """The model for ``family`` on ``data``; TrialError when it does not fit."""
     if family not in FAMILIES:
@@ -126,7 +149,8 @@ class Served(nn.Module):
 
 def _cnn(hp: Hyperparams, height: int, width: int, classes: int) -> nn.Sequential:
     act = _ACTIVATIONS[hp.activation]
-    blocks: list[nn.Module] = [nn.Unflatten(1, (1, height))]
+    blocks: list[nn.Module] = [RandomShift(hp.augment)] if hp.augment > 0 else []
+    blocks.append(nn.Unflatten(1, (1, height)))
     channels, size = 1, min(height, width)
     for i in range(hp.conv_layers):
         filters = hp.filters * 2**i

@@ -15,6 +15,7 @@ from pathlib import Path
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1 import common_pb2, models_pb2, tuning_pb2
+from svc_trainer import evaluation
 from svc_trainer.plan import (
     DataLoaded,
     DataRequest,
@@ -50,6 +51,11 @@ def params(request: tuning_pb2.TrialRequested) -> dict[str, ParamScalar]:
 #: A study may search over frameworks too: a string parameter of this name
 #: ("torch" or "tensorflow") overrides the task's framework for its trial.
 FRAMEWORK_PARAM = "framework"
+
+
+#: A cross-validation's fold as a trial parameter (a grid over it spreads one
+#: cross-validation over the trainers): passed to the run as an option.
+CV_FOLD_PARAM = evaluation.CV_FOLD
 
 
 def framework_name(request: tuning_pb2.TrialRequested) -> str:
@@ -113,6 +119,11 @@ def run_spec(
     if not request.objective.metric:
         raise TrialError("the trial names no objective metric", reason="unknown_metric")
     seed = request.seed if request.HasField("seed") else zlib.crc32(request.trial_id.encode())
+    given = params(request)
+    options = dict(task.options)
+    if CV_FOLD_PARAM in given:
+        options[CV_FOLD_PARAM] = str(given[CV_FOLD_PARAM])
+    hyperparams = {k: v for k, v in given.items() if k not in (FRAMEWORK_PARAM, CV_FOLD_PARAM)}
     return RunSpec(
         trial_id=request.trial_id,
         study_id=request.study_id,
@@ -124,9 +135,7 @@ def run_spec(
         strategy=task.strategy,
         world_size=task.world_size or world_size,
         epochs=task.epochs,
-        hparams=Hyperparams.from_params(
-            {k: v for k, v in params(request).items() if k != FRAMEWORK_PARAM}
-        ),
+        hparams=Hyperparams.from_params(hyperparams),
         seed=seed % (2**31),
         objective_metric=request.objective.metric,
         checkpoint_dir=str(checkpoint_dir),
@@ -135,7 +144,7 @@ def run_spec(
         device=device,
         threads=threads,
         tf_config=tf_config,
-        options=dict(task.options),
+        options=options,
     )
 
 

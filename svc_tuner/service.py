@@ -25,14 +25,16 @@ from shared.bus.producer import BusProducer
 from shared.bus.topics import partition_count
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1 import tuning_pb2
-from shared.errors import NotFound, UndecodableRecord
+from shared.errors import NotFound, Unavailable, UndecodableRecord
 from shared.log import get_logger
+from svc_tuner.dispatch import PartitionSlots
 from svc_tuner.engine import Engine, Outcome
 from svc_tuner.metrics import TunerMetrics
 from svc_tuner.settings import TunerSettings
 
 SERVICE = "svc_tuner"
 UNKNOWN_TRIAL = "unknown_trial"
+_FINAL = ("completed", "pruned", "failed")
 
 log = get_logger(SERVICE)
 
@@ -54,7 +56,7 @@ class Tuner:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tuner-engine")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watchers: dict[str, set[asyncio.Queue[str]]] = defaultdict(set)
-        self._trial_partitions = partition_count(settings.kafka, settings.trials_topic)
+        self._slots = PartitionSlots(partition_count(settings.kafka, settings.trials_topic))
 
     # ---- for the gRPC layer ----
 
@@ -99,6 +101,10 @@ class Tuner:
         consumer.start()
         try:
             while not stopping.is_set():
+                if not consumer.is_alive():
+                    # Fail loudly (and be restarted) rather than serve on
+                    # without ever hearing from a trainer again.
+                    raise Unavailable("the tuner's report consumer stopped; see the error above")
                 await self.call(self._tick)
                 try:
                     await asyncio.wait_for(stopping.wait(), self.settings.tick_seconds)
@@ -143,7 +149,14 @@ class Tuner:
                 self._dead_letter(from_undecodable(error, service=SERVICE))
                 continue
             try:
-                outcome.extend(self.engine.apply(report))
+                applied = self.engine.apply(report)
+                outcome.extend(applied)
+                # A trial pruned now ends on its trainer within an epoch.
+                ended = {control.trial_id for control in applied.controls}
+                if report.WhichOneof("event") in _FINAL:
+                    ended.add(report.trial_id)
+                for trial_id in ended:
+                    self._slots.ended(trial_id)
             except NotFound as error:
                 self._dead_letter(
                     from_record(
@@ -192,10 +205,10 @@ class Tuner:
     def _publish(self, outcome: Outcome) -> None:
         settings = self.settings
         for request in outcome.requests:
-            # Keyed by trial id, but spread round-robin by trial number: Kafka
-            # gives each trainer partitions, not records, and hashed keys leave
-            # one trainer a longer queue than another.
-            partition = request.trial_number % self._trial_partitions
+            # Keyed by trial id, but placed where a trainer has just become
+            # free (svc_tuner.dispatch): Kafka gives each trainer partitions,
+            # not records.
+            partition = self._slots.place(request.trial_id)
             self._producer.publish(
                 settings.trials_topic, request, key=request.trial_id, partition=partition
             )
@@ -205,6 +218,7 @@ class Tuner:
             self._producer.publish(settings.control_topic, control, key=control.trial_id)
             action = tuning_pb2.ControlAction.Name(control.action).removeprefix("CONTROL_ACTION_")
             self._metrics.controls.labels(action.lower()).inc()
+        self._slots.forget_freed()
         if outcome.requests or outcome.controls:
             self._producer.flush()
         for request in outcome.requests:

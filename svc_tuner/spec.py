@@ -209,7 +209,7 @@ def sampler(spec: tuning_pb2.StudySpec) -> BaseSampler:
     if spec.sampler.startup_trials and "n_startup_trials" in _option_names(_SAMPLERS[kind]):
         options.setdefault("n_startup_trials", spec.sampler.startup_trials)
     if kind == tuning_pb2.SAMPLER_KIND_GRID:
-        return _SAMPLERS[kind](_grid(spec), seed=seed, **options)
+        return _BudgetedGrid(_grid(spec), seed=seed, **options)
     if kind in (tuning_pb2.SAMPLER_KIND_TPE, tuning_pb2.SAMPLER_KIND_UNSPECIFIED):
         options.setdefault("constant_liar", True)
         options.setdefault("multivariate", True)
@@ -262,6 +262,15 @@ def _grid(spec: tuning_pb2.StudySpec) -> dict[str, list[Choice]]:
             count = round((r.high - r.low) / r.step) + 1
             grid[param.name] = [r.low + k * r.step for k in range(count)]
     return grid
+
+
+class _BudgetedGrid(optuna.samplers.GridSampler):
+    """Optuna's grid, which calls ``study.stop()`` once every point is tried:
+    that works inside ``study.optimize`` only and raises in an ask-and-tell
+    loop like the tuner's. The study's budget ends it here instead."""
+
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        return None
 
 
 _SAMPLERS: dict[int, Callable[..., BaseSampler]] = {

@@ -296,3 +296,24 @@ def test_checkpoint_uploads_do_not_block_and_the_newest_snapshot_wins(tmp_path: 
     assert puts[-1] == ("checkpoints/s/0", "4")
     assert len(puts) < 4
     assert not list((tmp_path / "scratch").iterdir())
+
+
+def test_one_fold_of_a_cross_validation_is_a_trial_of_its_own(tmp_path: Path) -> None:
+    splits = _splits()
+    whole = _Recorder()
+    evaluation.run(whole, _spec(tmp_path, {"cv_folds": "4"}), splits, _Channel())
+    one = _Recorder()
+    channel = _Channel()
+    result = evaluation.run(
+        one, _spec(tmp_path, {"cv_folds": "4", "cv_fold": "2"}), splits, channel
+    )
+
+    [(spec, fold_data)] = one.seen
+    assert np.array_equal(fold_data.x_test, whole.seen[2][1].x_test)
+    assert spec.checkpoint_dir == str(tmp_path / "ckpt" / "fold-2")
+    assert channel.steps == [1, 2] and channel.starts == [0]
+    assert set(result.test_metrics) == {"test_error", "test_loss", "fold_2_error", "fold_2_loss"}
+    with pytest.raises(TrialError, match="cv_fold"):
+        evaluation.run(one, _spec(tmp_path, {"cv_folds": "4", "cv_fold": "4"}), splits, _Channel())
+    with pytest.raises(TrialError, match="cv_folds"):
+        evaluation.run(one, _spec(tmp_path, {"cv_fold": "1"}), splits, _Channel())

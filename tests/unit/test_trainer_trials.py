@@ -167,6 +167,25 @@ def test_bad_trainer_settings_stop_start_up_naming_the_variable(
     monkeypatch.setenv("AISTACK_TRAINER_DEVICE", "tpu")
     with pytest.raises(ConfigError, match="AISTACK_TRAINER_DEVICE"):
         load_settings(TrainerSettings)
+    monkeypatch.delenv("AISTACK_TRAINER_DEVICE")
+    monkeypatch.setenv("AISTACK_TRAINER_RUNNERS", '{"jax": "no colon here"}')
+    with pytest.raises(ConfigError, match=r"AISTACK_TRAINER_RUNNERS.*module:attribute"):
+        load_settings(TrainerSettings)
+    monkeypatch.delenv("AISTACK_TRAINER_RUNNERS")
+    monkeypatch.setenv("AISTACK_TRAINER_WARM_FRAMEWORKS", "torch,jax")
+    with pytest.raises(ConfigError, match="AISTACK_TRAINER_WARM_FRAMEWORKS names jax"):
+        load_settings(TrainerSettings)
+
+
+def test_a_runner_is_loaded_by_path_and_must_be_a_runner() -> None:
+    from svc_trainer import runners
+
+    assert runners.load("tests.integration.faulty_runner:RUNNER").name == "faulty"
+    with pytest.raises(TrialError, match="not a Runner"):
+        runners.load("svc_trainer.plan:Hyperparams")
+    with pytest.raises(TrialError, match="cannot be loaded"):
+        runners.load("no_such_module_here:RUNNER")
+    assert runners.registry({"jax": "x:Y"}) == {**runners.BUILT_IN, "jax": "x:Y"}
 
 
 def test_tensorboard_gets_hparams_and_scalars(tmp_path: Path) -> None:
@@ -216,3 +235,38 @@ def test_a_framework_parameter_overrides_the_tasks_framework() -> None:
             world_size=0,
         )
     assert refused.value.reason == "unknown_framework"
+
+
+def test_a_cv_fold_parameter_becomes_the_runs_fold_not_a_hyperparameter() -> None:
+    folded = request()
+    folded.task.options["cv_folds"] = "10"
+    folded.params["cv_fold"].int_value = 3
+    spec = trials.run_spec(
+        folded,
+        checkpoint_dir=Path("/c"),
+        export_dir=Path("/e"),
+        tensorboard_dir=Path("/t"),
+        device="cpu",
+        threads=0,
+        world_size=0,
+    )
+    assert spec.options["cv_fold"] == "3" and spec.options["cv_folds"] == "10"
+    assert spec.hparams == trials.Hyperparams.from_params(
+        {k: v for k, v in trials.params(folded).items() if k != "cv_fold"}
+    )
+
+
+def test_a_plugin_framework_is_known_only_where_its_runner_is_registered() -> None:
+    chosen = request()
+    chosen.params["framework"].string_value = "jax"
+    spec = trials.run_spec(
+        chosen,
+        checkpoint_dir=Path("/c"),
+        export_dir=Path("/e"),
+        tensorboard_dir=Path("/t"),
+        device="cpu",
+        threads=0,
+        world_size=0,
+        frameworks=("torch", "tensorflow", "jax"),
+    )
+    assert spec.framework == "jax"

@@ -1,0 +1,340 @@
+"""One digits study four ways in one run: is tuning over the bus as fast as
+the tools a user has today?
+
+The same study each way: N trials (16) of the digits CNN, TPE with a fixed
+seed (the tuner's settings: constant liar, multivariate), three parameters
+(learning rate, dropout, units), 8 epochs, no pruning, the project's own
+PyTorch runner (train, then ``torch.export`` the model, as every aistack
+trial does), one intra-op thread per trial, digits' fixed split, each
+trial's seed the study seed + its number. Timed from the study's start to
+its end:
+
+1. plain in-process Optuna: ``study.optimize`` calling the runner; the
+   process is warm (torch imported, ``torch.export`` warmed up), and the
+   first trial loads the data;
+2. Ray Tune with ``reuse_actors`` and Optuna's TPE (``OptunaSearch``), one
+   trial at a time; Ray is started before the clock, its trial actor is
+   started by the study (as with every ``Tuner.fit``) and keeps the data
+   it loaded for the trials after the first;
+3. aistack with 1 trainer: ``python -m svc_tuner`` and ``python -m
+   svc_trainer`` as deployed, on Kafka and Redis, one trial at a time; the
+   trainer is running and its warm executor ready before the study, and
+   the first trial loads the data;
+4. aistack with 2 trainers: the same with 4 trials in flight.
+
+Prints, higher always better:
+
+    bus_vs_ray_tune: ratio R (goal 1.0)            Ray Tune's wall time / aistack's, 1 at a time
+    bus_vs_inprocess: ratio R (goal 0.9)           in-process wall time / aistack's, 1 at a time
+    two_trainers_vs_inprocess: ratio R (goal 1.8)  in-process wall time / aistack's with 2 trainers
+
+Needs a broker and Redis (``aistack infra up``) and Ray Tune (the ``bench``
+group). With one trial at a time, the three sequential ways train the same
+configurations with the same seeds; their best values are printed side by
+side as a check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+# Triton (torch.export's compiler) before anything that may load TensorFlow.
+with contextlib.suppress(ImportError):
+    import triton  # noqa: F401
+
+import optuna  # noqa: E402
+from tuner_overhead import TunerUnderTest, run_study  # noqa: E402
+
+GOAL_RAY = 1.0
+GOAL_INPROCESS = 0.9
+GOAL_TWO = 1.8
+SEED = 7
+STARTUP_TRIALS = 5
+EPOCHS = 8
+
+SPEC = """
+name: speedup-{suffix}
+objective: {{metric: val_error, direction: DIRECTION_MINIMIZE}}
+params:
+  - {{name: learning_rate, float_range: {{low: 1.0e-3, high: 2.0e-2, log: true}}}}
+  - {{name: dropout, float_range: {{low: 0.0, high: 0.6, step: 0.05}}}}
+  - {{name: units, int_range: {{low: 64, high: 512, log: true}}}}
+sampler: {{kind: SAMPLER_KIND_TPE, startup_trials: {startup}}}
+pruner: {{kind: PRUNER_KIND_NONE}}
+budget: {{max_trials: {trials}, max_parallel: {parallel}, trial_timeout: 300s}}
+task: {{dataset: digits, model_family: cnn, framework: FRAMEWORK_TORCH, strategy: single,
+        epochs: {epochs}, model_name: speedup-{suffix}}}
+seed: {seed}
+"""
+
+
+def suggest(trial: optuna.Trial) -> dict[str, Any]:
+    """The space of SPEC, define-by-run (in-process Optuna and Ray Tune)."""
+    return {
+        "learning_rate": trial.suggest_float("learning_rate", 1e-3, 2e-2, log=True),
+        "dropout": trial.suggest_float("dropout", 0.0, 0.6, step=0.05),
+        "units": trial.suggest_int("units", 64, 512, log=True),
+    }
+
+
+def sampler() -> optuna.samplers.BaseSampler:
+    # svc_tuner.spec.sampler's TPE for the spec above.
+    return optuna.samplers.TPESampler(
+        seed=SEED, n_startup_trials=STARTUP_TRIALS, constant_liar=True, multivariate=True
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    wall: float
+    best: float
+    trials: int
+    note: str = ""
+
+
+# ---- one trial, the same function for the in-process and Ray ways -----------------------
+
+
+_DATA: Any = None
+
+
+class _Quiet:
+    def started(self, resumed_from_step: int, note: str = "") -> None:
+        pass
+
+    def epoch(self, step: int, metrics: Any) -> None:
+        pass
+
+    def stop_requested(self) -> Any:
+        from svc_trainer.plan import StopReason
+
+        return StopReason.NONE
+
+
+def train_one(params: dict[str, Any], number: int) -> float:
+    """The trial aistack's trainer runs for this request, in this process:
+    the digits data (loaded once per process), the runner, the export."""
+    global _DATA
+    import torch
+
+    from svc_trainer import torch_runner
+    from svc_trainer.data import load
+    from svc_trainer.plan import Hyperparams, RunSpec
+
+    torch.set_num_threads(1)
+    if _DATA is None:
+        _DATA = load("digits", {}, seed=0)
+    with tempfile.TemporaryDirectory(prefix="speedup-") as scratch:
+        spec = RunSpec(
+            trial_id=f"speedup/{number}",
+            study_id="speedup",
+            trial_number=number,
+            attempt=1,
+            dataset="digits",
+            model_family="cnn",
+            framework="torch",
+            strategy="single",
+            world_size=1,
+            epochs=EPOCHS,
+            hparams=Hyperparams.from_params(params),
+            seed=SEED + number,
+            objective_metric="val_error",
+            checkpoint_dir=f"{scratch}/checkpoints",
+            export_dir=f"{scratch}/export",
+            tensorboard_dir=f"{scratch}/tensorboard",
+            device="cpu",
+            threads=1,
+        )
+        result = torch_runner.RUNNER.run(spec, _DATA, _Quiet())
+    return float(result.val_metrics["val_error"])
+
+
+# ---- 1: in-process Optuna ---------------------------------------------------------------
+
+
+def in_process(trials: int) -> Outcome:
+    from svc_trainer import torch_runner
+
+    torch_runner.RUNNER.warm_up(1)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=sampler())
+    started = time.perf_counter()
+    study.optimize(lambda t: train_one(suggest(t), t.number), n_trials=trials)
+    return Outcome(time.perf_counter() - started, float(study.best_value), trials)
+
+
+# ---- 2: Ray Tune ------------------------------------------------------------------------
+
+
+def ray_trainable(config: dict[str, Any]) -> None:
+    from ray import tune
+
+    # Ray numbers its trials <trainable>_<id>_<index>: the index is the trial number.
+    number = int(tune.get_context().get_trial_id().rsplit("_", 1)[-1])
+    tune.report({"val_error": train_one(config, number)})
+
+
+def define_space(trial: optuna.Trial) -> None:
+    suggest(trial)
+
+
+def ray_tune(trials: int) -> Outcome:
+    import ray
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    ray.init(
+        num_cpus=os.cpu_count() or 1,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    )
+    try:
+        search = OptunaSearch(
+            space=define_space,
+            metric="val_error",
+            mode="min",
+            sampler=sampler(),
+        )
+        tuner = tune.Tuner(
+            tune.with_resources(ray_trainable, {"cpu": 1}),
+            tune_config=tune.TuneConfig(
+                search_alg=search,
+                num_samples=trials,
+                max_concurrent_trials=1,
+                reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(
+                storage_path=tempfile.mkdtemp(prefix="speedup-ray-"), verbose=0
+            ),
+        )
+        started = time.perf_counter()
+        results = tuner.fit()
+        wall = time.perf_counter() - started
+        best = results.get_best_result(metric="val_error", mode="min")
+        return Outcome(wall, float(best.metrics["val_error"]), len(results))
+    finally:
+        ray.shutdown()
+
+
+# ---- 3 and 4: aistack -------------------------------------------------------------------
+
+
+class Trainers:
+    """``python -m svc_trainer`` replicas on the tuner's topics, warm."""
+
+    def __init__(self, tuner: TunerUnderTest, count: int, state: Path) -> None:
+        group = f"speedup-trainers-{uuid.uuid4().hex[:8]}"
+        self.logs = [state / f"trainer-{group}-{i}.log" for i in range(count)]
+        self.processes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "svc_trainer"],
+                cwd=ROOT,
+                env={
+                    **os.environ,
+                    "AISTACK_KAFKA_BOOTSTRAP": tuner.kafka.bootstrap,
+                    "AISTACK_STATE_DIR": str(state / group),
+                    "AISTACK_LOG_FORMAT": "json",
+                    "AISTACK_TRAINER_TRIALS_TOPIC": tuner.topics["trials"],
+                    "AISTACK_TRAINER_REPORTS_TOPIC": tuner.topics["reports"],
+                    "AISTACK_TRAINER_CONTROL_TOPIC": tuner.topics["control"],
+                    "AISTACK_TRAINER_DLQ_TOPIC": tuner.topics["dlq"],
+                    "AISTACK_TRAINER_MODELS_TOPIC": f"bench.models.{group}",
+                    "AISTACK_TRAINER_GROUP_ID": group,
+                    "AISTACK_TRAINER_TRAINER_ID": f"{group}-{i}",
+                    "AISTACK_TRAINER_DEVICE": "cpu",
+                    "AISTACK_TRAINER_THREADS": "1",
+                    "AISTACK_TRAINER_WARM_FRAMEWORKS": "torch",
+                    "AISTACK_TRAINER_METRICS_PORT": "0",
+                },
+                stdout=log.open("wb"),
+                stderr=subprocess.STDOUT,
+            )
+            for i, log in enumerate(self.logs)
+        ]
+
+    def wait_warm(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all('"executor.ready"' in log.read_text(errors="replace") for log in self.logs):
+                time.sleep(3)  # and the consumer group settles
+                return
+            if any(p.poll() is not None for p in self.processes):
+                break
+            time.sleep(0.5)
+        raise RuntimeError(f"trainers not ready: {[log.read_text()[-2000:] for log in self.logs]}")
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait(timeout=120)
+
+
+def on_the_bus(tuner: TunerUnderTest, trainers: int, trials: int, state: Path) -> Outcome:
+    replicas = Trainers(tuner, trainers, state)
+    try:
+        replicas.wait_warm()
+        parallel = 1 if trainers == 1 else 2 * trainers
+        spec = SPEC.format(
+            suffix=uuid.uuid4().hex[:8],
+            startup=STARTUP_TRIALS,
+            trials=trials,
+            parallel=parallel,
+            epochs=EPOCHS,
+            seed=SEED,
+        )
+        wall, best = asyncio.run(run_study(tuner, spec))
+        return Outcome(wall, best, trials, f"{parallel} in flight")
+    finally:
+        replicas.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--trials", type=int, default=16)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="aistack-bench-") as tmp:
+        state = Path(tmp)
+        tuner = TunerUnderTest(state)
+        try:
+            one = on_the_bus(tuner, 1, args.trials, state)
+            two = on_the_bus(tuner, 2, args.trials, state)
+        finally:
+            tuner.stop()
+    ray_way = ray_tune(args.trials)
+    local = in_process(args.trials)
+    for name, outcome in (
+        ("in-process Optuna", local),
+        ("Ray Tune (reuse_actors)", ray_way),
+        ("aistack, 1 trainer", one),
+        ("aistack, 2 trainers", two),
+    ):
+        note = f" ({outcome.note})" if outcome.note else ""
+        print(
+            f"{name}: {outcome.trials} trials in {outcome.wall:.1f} s, "
+            f"{outcome.wall / outcome.trials:.2f} s/trial; best val_error {outcome.best:.4f}{note}"
+        )
+    print(f"bus_vs_ray_tune: ratio {ray_way.wall / one.wall:.2f} (goal {GOAL_RAY})")
+    print(f"bus_vs_inprocess: ratio {local.wall / one.wall:.2f} (goal {GOAL_INPROCESS})")
+    print(f"two_trainers_vs_inprocess: ratio {local.wall / two.wall:.2f} (goal {GOAL_TWO})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,109 @@
+"""Configurations compared by k-fold cross-validation, honestly: each fold's
+error in; the mean with a 95% interval, and a paired test on the same folds,
+out. Pure: no bus, no frameworks (scipy for the t distribution)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+#: Below this p-value a paired difference is called a difference.
+ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The mean error over the folds and the half width of its 95% interval
+    (Student's t over the folds)."""
+
+    mean: float
+    half_width: float
+    folds: int
+
+    def __str__(self) -> str:
+        return f"{self.mean:.2%} ± {self.half_width:.2%}"
+
+
+@dataclass(frozen=True)
+class Paired:
+    """``a`` against ``b`` on the same folds: the mean of the per-fold
+    differences (a - b), its 95% half width, the two-sided paired t-test's
+    p-value, and how much less error ``a`` has (1 - mean a / mean b)."""
+
+    difference: float
+    half_width: float
+    p_value: float
+    less_error: float
+
+    @property
+    def better(self) -> bool:
+        return self.difference < 0 and self.p_value < ALPHA
+
+    @property
+    def worse(self) -> bool:
+        return self.difference > 0 and self.p_value < ALPHA
+
+
+def fold_errors(metrics: Mapping[str, float], folds: int) -> list[float]:
+    """The per-fold errors of a cross-validation trial's metrics
+    (``fold_<i>_error``, as svc_trainer reports them); KeyError when one is
+    missing."""
+    return [float(metrics[f"fold_{i}_error"]) for i in range(folds)]
+
+
+def estimate(errors: Sequence[float]) -> Estimate:
+    n = len(errors)
+    mean = math.fsum(errors) / n
+    return Estimate(mean, _t975(n - 1) * _standard_error(errors, mean), n)
+
+
+def paired(a: Sequence[float], b: Sequence[float]) -> Paired:
+    """``a`` against ``b``, fold by fold (the same folds, in order)."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(
+            f"a paired comparison needs two equal runs of folds, got {len(a)}, {len(b)}"
+        )
+    differences = [x - y for x, y in zip(a, b, strict=True)]
+    n = len(differences)
+    mean = math.fsum(differences) / n
+    error = _standard_error(differences, mean)
+    if error == 0:
+        p_value = 1.0 if mean == 0 else 0.0
+    else:
+        from scipy import stats
+
+        p_value = float(2 * stats.t.sf(abs(mean / error), n - 1))
+    base = math.fsum(b) / n
+    return Paired(
+        mean, _t975(n - 1) * error, p_value, 1 - (math.fsum(a) / n) / base if base else 0.0
+    )
+
+
+def verdict(name_a: str, name_b: str, comparison: Paired) -> str:
+    """One plain sentence on ``a`` against ``b``."""
+    change = (
+        f"{comparison.less_error:.0%} less error"
+        if comparison.less_error >= 0
+        else f"{-comparison.less_error:.0%} more error"
+    )
+    test = f"paired t-test over the folds p={comparison.p_value:.3f}"
+    if comparison.better:
+        return f"{name_a} beats {name_b}: {change} ({test})"
+    if comparison.worse:
+        return f"{name_a} is worse than {name_b}: {change} ({test})"
+    return f"{name_a} and {name_b} are not distinguishable: {change}, but {test} >= {ALPHA}"
+
+
+def _standard_error(values: Sequence[float], mean: float) -> float:
+    n = len(values)
+    if n < 2:
+        return math.nan
+    variance = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    return math.sqrt(variance / n)
+
+
+def _t975(degrees: int) -> float:
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, degrees))

@@ -1,0 +1,42 @@
+"""Where trial requests go: a freed trainer's partition first."""
+
+from __future__ import annotations
+
+from svc_tuner.dispatch import PartitionSlots
+
+
+def test_first_requests_go_round_robin() -> None:
+    slots = PartitionSlots(3)
+    assert [slots.place(f"s/{n}") for n in range(5)] == [0, 1, 2, 0, 1]
+
+
+def test_a_request_takes_the_partition_of_the_trial_that_ended() -> None:
+    slots = PartitionSlots(3)
+    for n in range(4):
+        slots.place(f"s/{n}")  # partitions 0, 1, 2, 0
+    slots.ended("s/1")
+    slots.ended("s/3")
+    assert slots.place("s/4") == 1  # the first freed, first
+    assert slots.place("s/5") == 0
+    assert slots.place("s/6") == 1  # none freed: round-robin goes on (0, 1, 2, 0, then 1)
+
+
+def test_an_unknown_or_repeated_end_frees_nothing_and_leftovers_are_forgotten() -> None:
+    slots = PartitionSlots(2)
+    slots.place("s/0")
+    slots.ended("s/0")
+    slots.ended("s/0")  # a repeated report
+    slots.ended("other/9")  # requested by a tuner before a restart
+    assert slots.place("s/1") == 0
+    slots.ended("s/1")
+    slots.forget_freed()  # no request took the slot
+    assert slots.place("s/2") == 1  # round-robin goes on where it was
+    assert slots.place("s/3") == 0
+
+
+def test_a_new_attempt_is_placed_afresh() -> None:
+    slots = PartitionSlots(4)
+    assert slots.place("s/0") == 0
+    assert slots.place("s/0") == 1  # requested again (lost): not bound to its old place
+    slots.ended("s/0")
+    assert slots.place("s/1") == 1
