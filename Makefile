@@ -86,6 +86,8 @@ bench: setup
 	$(PY) bench/ingest_throughput.py
 	$(PY) bench/transform_latency.py
 	$(PY) bench/tuner_overhead.py
+	$(PY) bench/study_speedup.py
+	$(PY) bench/tuning_gain.py
 	$(PY) bench/trainer_overhead.py
 	$(PY) bench/serving.py
 

@@ -184,13 +184,14 @@ def in_process(trials: int) -> Outcome:
 def ray_trainable(config: dict[str, Any]) -> None:
     from ray import tune
 
-    # Ray numbers its trials <trainable>_<id>_<index>: the index is the trial number.
-    number = int(tune.get_context().get_trial_id().rsplit("_", 1)[-1])
-    tune.report({"val_error": train_one(config, number)})
+    params = {k: v for k, v in config.items() if k != "trial_number"}
+    tune.report({"val_error": train_one(params, int(config["trial_number"]))})
 
 
-def define_space(trial: optuna.Trial) -> None:
+def define_space(trial: optuna.Trial) -> dict[str, int]:
     suggest(trial)
+    # A constant for the trainable: the Optuna trial's number (its seed).
+    return {"trial_number": trial.number}
 
 
 def ray_tune(trials: int) -> Outcome:
@@ -227,6 +228,7 @@ def ray_tune(trials: int) -> Outcome:
         results = tuner.fit()
         wall = time.perf_counter() - started
         best = results.get_best_result(metric="val_error", mode="min")
+        assert best.metrics is not None
         return Outcome(wall, float(best.metrics["val_error"]), len(results))
     finally:
         ray.shutdown()
@@ -238,7 +240,9 @@ def ray_tune(trials: int) -> Outcome:
 class Trainers:
     """``python -m svc_trainer`` replicas on the tuner's topics, warm."""
 
-    def __init__(self, tuner: TunerUnderTest, count: int, state: Path) -> None:
+    def __init__(
+        self, tuner: TunerUnderTest, count: int, state: Path, *, warm: str = "torch"
+    ) -> None:
         group = f"speedup-trainers-{uuid.uuid4().hex[:8]}"
         self.logs = [state / f"trainer-{group}-{i}.log" for i in range(count)]
         self.processes = [
@@ -259,7 +263,7 @@ class Trainers:
                     "AISTACK_TRAINER_TRAINER_ID": f"{group}-{i}",
                     "AISTACK_TRAINER_DEVICE": "cpu",
                     "AISTACK_TRAINER_THREADS": "1",
-                    "AISTACK_TRAINER_WARM_FRAMEWORKS": "torch",
+                    "AISTACK_TRAINER_WARM_FRAMEWORKS": warm,
                     "AISTACK_TRAINER_METRICS_PORT": "0",
                 },
                 stdout=log.open("wb"),
@@ -272,7 +276,7 @@ class Trainers:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if all('"executor.ready"' in log.read_text(errors="replace") for log in self.logs):
-                time.sleep(3)  # and the consumer group settles
+                time.sleep(5)  # and the consumer group settles
                 return
             if any(p.poll() is not None for p in self.processes):
                 break
@@ -286,7 +290,9 @@ class Trainers:
             process.wait(timeout=120)
 
 
-def on_the_bus(tuner: TunerUnderTest, trainers: int, trials: int, state: Path) -> Outcome:
+def on_the_bus(trainers: int, trials: int, state: Path) -> Outcome:
+    """A tuner and ``trainers`` trainers on topics of their own."""
+    tuner = TunerUnderTest(state)
     replicas = Trainers(tuner, trainers, state)
     try:
         replicas.wait_warm()
@@ -303,33 +309,28 @@ def on_the_bus(tuner: TunerUnderTest, trainers: int, trials: int, state: Path) -
         return Outcome(wall, best, trials, f"{parallel} in flight")
     finally:
         replicas.stop()
+        tuner.stop()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=16)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="aistack-bench-") as tmp:
-        state = Path(tmp)
-        tuner = TunerUnderTest(state)
-        try:
-            one = on_the_bus(tuner, 1, args.trials, state)
-            two = on_the_bus(tuner, 2, args.trials, state)
-        finally:
-            tuner.stop()
-    ray_way = ray_tune(args.trials)
-    local = in_process(args.trials)
-    for name, outcome in (
-        ("in-process Optuna", local),
-        ("Ray Tune (reuse_actors)", ray_way),
-        ("aistack, 1 trainer", one),
-        ("aistack, 2 trainers", two),
-    ):
+
+    def show(name: str, outcome: Outcome) -> Outcome:
         note = f" ({outcome.note})" if outcome.note else ""
         print(
             f"{name}: {outcome.trials} trials in {outcome.wall:.1f} s, "
-            f"{outcome.wall / outcome.trials:.2f} s/trial; best val_error {outcome.best:.4f}{note}"
+            f"{outcome.wall / outcome.trials:.2f} s/trial; best val_error {outcome.best:.4f}{note}",
+            flush=True,
         )
+        return outcome
+
+    with tempfile.TemporaryDirectory(prefix="aistack-bench-") as tmp:
+        one = show("aistack, 1 trainer", on_the_bus(1, args.trials, Path(tmp)))
+        two = show("aistack, 2 trainers", on_the_bus(2, args.trials, Path(tmp)))
+    ray_way = show("Ray Tune (reuse_actors)", ray_tune(args.trials))
+    local = show("in-process Optuna", in_process(args.trials))
     print(f"bus_vs_ray_tune: ratio {ray_way.wall / one.wall:.2f} (goal {GOAL_RAY})")
     print(f"bus_vs_inprocess: ratio {local.wall / one.wall:.2f} (goal {GOAL_INPROCESS})")
     print(f"two_trainers_vs_inprocess: ratio {local.wall / two.wall:.2f} (goal {GOAL_TWO})")

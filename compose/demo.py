@@ -320,31 +320,10 @@ class Demo:
         return outcome, (default.study_id, tuned.study_id)
 
     def _cv_spec(self, label: str, digits_spec: Any, params: Any) -> Any:
-        """A study that cross-validates one configuration of the digits
-        study's model (``params``; the defaults for the rest) with its task
-        and epochs: a grid over the folds (``cv_fold``), one trial each, the
-        trainers splitting every digit into the same stratified folds
-        (``task.options.cv_folds``) for any configuration."""
-        from shared.contracts.aistack.v1 import tuning_pb2
+        from compose.study import cross_validation_spec
 
-        spec = tuning_pb2.StudySpec()
-        spec.CopyFrom(digits_spec)
-        spec.name = f"digits-cv-{label}-{self.run_id}"
-        del spec.params[:]
-        for name, value in sorted(params.items()):
-            spec.params.add(name=name).categorical.choices.add().CopyFrom(value)
-        folds = spec.params.add(name="cv_fold").categorical
-        for fold in range(self.args.folds):
-            folds.choices.add().int_value = fold
-        spec.sampler.Clear()
-        spec.sampler.kind = tuning_pb2.SAMPLER_KIND_GRID
-        spec.pruner.Clear()
-        spec.pruner.kind = tuning_pb2.PRUNER_KIND_NONE
-        spec.budget.max_trials = self.args.folds
-        spec.budget.time_limit.FromSeconds(1800)
-        spec.refit = False
-        spec.task.options["cv_folds"] = str(self.args.folds)
-        return spec
+        name = f"digits-cv-{label}-{self.run_id}"
+        return cross_validation_spec(digits_spec, name, params, self.args.folds)
 
     def _spec(self, file: str) -> Any:
         from compose.study import load_spec
@@ -421,7 +400,7 @@ class Demo:
         errors = {
             "default CNN": self._fold_errors(default_cv),
             "tuned CNN": self._fold_errors(tuned_cv),
-            "SVC (scikit-learn)": svc_fold_errors(folds),
+            "SVC (scikit-learn)": kfold.svc_fold_errors(folds),
         }
         digits = svc_digits_count()
         for name, fold_errors in errors.items():
@@ -436,7 +415,7 @@ class Demo:
         self.console.line(f"  {helped}")
         self.console.line(f"  {versus_svc}")
         self.console.line(
-            "  (the tuned configuration was chosen by validation error on the study's split, "
+            "  (the tuned configuration was chosen by its validation loss on the study's split, "
             "whose validation digits are among those cross-validated here: nested "
             "cross-validation would remove that optimism)"
         )
@@ -453,19 +432,13 @@ class Demo:
 
     def _fold_errors(self, study_id: str) -> list[float]:
         """Each fold's error, from the study's trials (one fold each)."""
-        from compose import kfold
+        from compose.study import fold_errors
         from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 
         outcome = self._finish(study_id)
         trials = self._tuner(lambda stub: stub.ListTrials(api.ListTrialsRequest(study_id=study_id)))
-        metrics = {
-            name: value
-            for trial in trials.trials
-            if trial.state == api.TRIAL_STATE_COMPLETED
-            for name, value in trial.metrics.items()
-        }
         try:
-            return kfold.fold_errors(metrics, self.args.folds)
+            return fold_errors(trials.trials, self.args.folds)
         except KeyError as missing:
             raise ServiceDied(
                 f"cross-validation {study_id} has no error for {missing}: {outcome.counts}"
@@ -620,25 +593,6 @@ def _pruner_name(spec: Any) -> str:
     if spec.pruner.min_resource:
         return f"{pruner} pruning (at least {spec.pruner.min_resource} epochs)"
     return f"{pruner} pruning"
-
-
-def svc_fold_errors(folds: int) -> list[float]:
-    """scikit-learn's SVC (its defaults) on the same folds as the trainers'
-    cross-validation trials (``svc_trainer.evaluation``, seed 0)."""
-    import numpy
-    from sklearn.svm import SVC
-
-    from svc_trainer.data import load
-    from svc_trainer.evaluation import all_examples, stratified_folds
-
-    x, y = all_examples(load("digits", {}, seed=0))
-    flat = x.reshape(len(x), -1)
-    errors = []
-    for test in stratified_folds(y, folds, seed=0):
-        train = numpy.setdiff1d(numpy.arange(len(y)), test)
-        predicted = SVC().fit(flat[train], y[train]).predict(flat[test])
-        errors.append(float((predicted != y[test]).mean()))
-    return errors
 
 
 def svc_digits_count() -> int:

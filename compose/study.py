@@ -11,6 +11,7 @@ import asyncio
 import os
 import sys
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -40,6 +41,48 @@ def load_spec(text: str) -> tuning_pb2.StudySpec:
         return json_format.ParseDict(document, tuning_pb2.StudySpec())
     except json_format.ParseError as error:
         raise InvalidArgument(f"spec does not match StudySpec: {error}") from error
+
+
+def cross_validation_spec(
+    base: tuning_pb2.StudySpec, name: str, params: Mapping[str, common_pb2.ParamValue], folds: int
+) -> tuning_pb2.StudySpec:
+    """A study that cross-validates one configuration of ``base``'s model:
+    ``params`` (the trainer's defaults for the rest), ``base``'s task and
+    epochs; a grid over the folds (``cv_fold``), one trial each, so the
+    trainers share it; every trainer splits the data into the same
+    stratified folds (``task.options.cv_folds``) for any configuration."""
+    spec = tuning_pb2.StudySpec()
+    spec.CopyFrom(base)
+    spec.name = name
+    del spec.params[:]
+    for param, value in sorted(params.items()):
+        spec.params.add(name=param).categorical.choices.add().CopyFrom(value)
+    choices = spec.params.add(name="cv_fold").categorical.choices
+    for fold in range(folds):
+        choices.add().int_value = fold
+    spec.sampler.Clear()
+    spec.sampler.kind = tuning_pb2.SAMPLER_KIND_GRID
+    spec.pruner.Clear()
+    spec.pruner.kind = tuning_pb2.PRUNER_KIND_NONE
+    spec.budget.max_trials = folds
+    spec.budget.time_limit.FromSeconds(1800)
+    spec.refit = False
+    spec.task.options["cv_folds"] = str(folds)
+    return spec
+
+
+def fold_errors(trials: Iterable[api.Trial], folds: int) -> list[float]:
+    """Each fold's error, from a cross-validation study's completed trials
+    (``fold_<i>_error``); KeyError for a fold none of them reports."""
+    from compose import kfold
+
+    metrics = {
+        name: value
+        for trial in trials
+        if trial.state == api.TRIAL_STATE_COMPLETED
+        for name, value in trial.metrics.items()
+    }
+    return kfold.fold_errors(metrics, folds)
 
 
 def add_parser(commands: Any) -> None:

@@ -12,6 +12,9 @@ trial gave is kept:
   executor, which the worker can always kill and replace; the worker lives on;
 - prune, stop and SIGTERM reach the run through a shared flag the runner
   reads between batches, so they are honoured within one epoch;
+- a run that stops checking in (no check between batches, no report) for
+  the worker's stall limit is taken for hung (a collective that never
+  returns, a deadlock): the executor is killed and replaced;
 - the executor is recycled after ``max_trials`` trials or once its resident
   memory passes a limit (the worker's settings); framework state and GPU
   memory are released after every trial (``Runner.release``);
@@ -146,6 +149,9 @@ class Executor:
         self._jobs: mp.Queue[Job | None] = context.Queue()
         self._events: mp.Queue[Event] = context.Queue()
         self._stop = context.Value("i", int(StopReason.NONE))
+        # Bumped by the run at every check (between batches) and report.
+        self._beats = context.Value("Q", 0, lock=False)
+        self._seen_beats = (0, time.monotonic())
         self._process = context.Process(
             target=_main,
             args=(
@@ -156,6 +162,7 @@ class Executor:
                 self._jobs,
                 self._events,
                 self._stop,
+                self._beats,
                 log_level,
                 log_format,
             ),
@@ -174,7 +181,18 @@ class Executor:
             self._stop.value = int(StopReason.NONE)
         self.busy = True
         self.trials += 1
+        self._seen_beats = (self._beats.value, time.monotonic())
         self._jobs.put(job)
+
+    def quiet_for(self) -> float:
+        """Seconds since the run last checked in (a check between batches,
+        a report): how long it may have been stuck."""
+        beats, since = self._seen_beats
+        now = time.monotonic()
+        if self._beats.value != beats:
+            self._seen_beats = (self._beats.value, now)
+            return 0.0
+        return now - since
 
     def request_stop(self, reason: StopReason) -> None:
         """Ask the run to stop at its next check. A shutdown wins over a
@@ -193,6 +211,8 @@ class Executor:
                 out.append(self._get_nowait())
         except queue.Empty:
             pass
+        if out:  # anything it says is progress too
+            self._seen_beats = (self._beats.value, time.monotonic())
         for event in out:
             if isinstance(event, Ready):
                 self.ready = True
@@ -392,17 +412,20 @@ class ExecutorPool:
 
 
 class _QueueChannel:
-    def __init__(self, events: mp.Queue[Event], stop: Any) -> None:
-        self._events, self._stop = events, stop
+    def __init__(self, events: mp.Queue[Event], stop: Any, beats: Any) -> None:
+        self._events, self._stop, self._beats = events, stop, beats
         self.started_with: dict[str, Any] = {}
 
     def started(self, resumed_from_step: int, note: str = "") -> None:
+        self._beats.value += 1
         self._events.put(Started(resumed_from_step, note, **self.started_with))
 
     def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._beats.value += 1
         self._events.put(Epoch(step, dict(metrics)))
 
     def stop_requested(self) -> StopReason:
+        self._beats.value += 1
         return StopReason(self._stop.value)
 
 
@@ -440,6 +463,7 @@ def _main(
     jobs: mp.Queue[Job | None],
     events: mp.Queue[Event],
     stop: Any,
+    beats: Any,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -460,7 +484,7 @@ def _main(
             if not one_shot and runner.fresh_process(job.spec):
                 events.put(NeedsFresh())
                 break
-            _run_trial(runner, job, cache, events, stop, trials_before=done)
+            _run_trial(runner, job, cache, events, stop, beats, trials_before=done)
             done += 1
             events.put(Idle(_rss_bytes(), retiring=one_shot))
             if one_shot:
@@ -484,6 +508,7 @@ def _run_trial(
     cache: _DataCache,
     events: mp.Queue[Event],
     stop: Any,
+    beats: Any,
     *,
     trials_before: int,
 ) -> None:
@@ -504,7 +529,7 @@ def _run_trial(
                 train_examples=len(splits.y_train),
             )
         )
-        channel = _QueueChannel(events, stop)
+        channel = _QueueChannel(events, stop, beats)
         channel.started_with = {
             "pid": os.getpid(),
             "trials_before": trials_before,

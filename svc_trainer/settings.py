@@ -66,6 +66,10 @@ class TrainerSettings(ServiceSettings):
     executor_max_trials: int = Field(default=100, ge=0)
     # ... or once its resident memory passes this many MiB after a trial (0: never).
     executor_max_memory_mb: int = Field(default=4096, ge=0)
+    # A training run that checks in with neither a batch nor a report for this
+    # many seconds is taken for hung: its executor is killed and replaced, the
+    # trial fails (retryable). 0: never.
+    executor_stall_seconds: float = Field(default=600.0, ge=0)
     # Datasets an executor keeps loaded, least recently used out first.
     cached_datasets: int = Field(default=4, ge=0, le=64)
     # More framework runners by name, as JSON: {"jax": "my_package.jax_runner:RUNNER"}

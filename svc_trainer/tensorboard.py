@@ -8,15 +8,23 @@ the HPARAMS tab lists every trial with its parameters and metrics.
 
 from __future__ import annotations
 
+import sys
 import time
+import types
 from collections.abc import Mapping
 from pathlib import Path
 
-from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.plugins.hparams import summary_v2 as hparams
-from tensorboard.summary.writer.event_file_writer import EventFileWriter
+# TensorBoard's writers reach the filesystem through ``tensorboard.compat.tf``,
+# which imports TensorFlow when it is installed (seconds, and half a gigabyte,
+# in the worker) unless the marker module ``tensorboard.compat.notf`` exists;
+# then they use TensorBoard's own stub.
+sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
-from svc_trainer.plan import ParamScalar
+from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: E402
+from tensorboard.plugins.hparams import summary_v2 as hparams  # noqa: E402
+from tensorboard.summary.writer.event_file_writer import EventFileWriter  # noqa: E402
+
+from svc_trainer.plan import ParamScalar  # noqa: E402
 
 
 class TrialBoard:

@@ -3,14 +3,16 @@ with ``AISTACK_TRAINER_RUNNERS`` by the tests that need one.
 
 ``task.options["fault"]`` picks the way: ``exit`` (a model calling
 ``os._exit``), ``segfault`` (a native crash), ``oom_kill`` (what the kernel's
-out-of-memory killer does: SIGKILL), ``refuse`` (a configuration error that
-names the executor's pid, and leaves it alive)."""
+out-of-memory killer does: SIGKILL), ``hang`` (a collective that never
+returns: no check, no report), ``refuse`` (a configuration error that names
+the executor's pid, and leaves it alive)."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import signal
+import threading
 
 from svc_trainer.plan import Channel, DataSplits, RunResult, RunSpec, TrialError
 
@@ -33,6 +35,8 @@ class FaultyRunner:
             ctypes.string_at(0)
         if fault == "oom_kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if fault == "hang":
+            threading.Event().wait()
         raise TrialError(f"refused in executor pid {os.getpid()}", reason="invalid_params")
 
     def release(self) -> None:

@@ -25,7 +25,7 @@ from tests.integration.trainer_service import (
 
 FAULTY = {
     "AISTACK_TRAINER_RUNNERS": '{"faulty": "tests.integration.faulty_runner:RUNNER"}',
-    "AISTACK_TRAINER_WARM_FRAMEWORKS": "torch",
+    "AISTACK_TRAINER_EXECUTOR_STALL_SECONDS": "5",
 }
 SLOW = {"filters": 96, "kernel_width": 5, "units": 256, "batch_size": 16}
 
@@ -60,16 +60,24 @@ def test_the_second_trial_runs_in_the_first_trials_process(warm: Stack) -> None:
     assert warm.final(first.trial_id).WhichOneof("event") == "completed", warm.logs()
     assert warm.final(second.trial_id).WhichOneof("event") == "completed", warm.logs()
 
-    one, two = _started(trainer, first.trial_id), _started(trainer, second.trial_id)
-    assert one["executor_pid"] == two["executor_pid"]
+    # In either order: the two requests may sit on different partitions.
+    one, two = sorted(
+        (_started(trainer, first.trial_id), _started(trainer, second.trial_id)),
+        key=lambda started: int(str(started["executor_trials_before"])),
+    )
+    assert one["executor_pid"] == two["executor_pid"] != trainer.process.pid
     assert two["executor_trials_before"] == int(str(one["executor_trials_before"])) + 1
     assert two["data_cached"] is True
-    assert one["executor_pid"] != trainer.process.pid
 
 
 @pytest.mark.parametrize(
     ("fault", "how"),
-    [("exit", "exited with code 3"), ("segfault", "SIGSEGV"), ("oom_kill", "SIGKILL")],
+    [
+        ("exit", "exited with code 3"),
+        ("segfault", "SIGSEGV"),
+        ("oom_kill", "SIGKILL"),
+        ("hang", "made no progress"),
+    ],
 )
 def test_a_trial_that_kills_its_executor_fails_and_the_next_trial_runs(
     warm: Stack, fault: str, how: str
@@ -79,12 +87,10 @@ def test_a_trial_that_kills_its_executor_fails_and_the_next_trial_runs(
     warm.send(killer)
     final = warm.final(killer.trial_id, timeout=120)
     assert final.WhichOneof("event") == "failed", final
-    assert final.failed.reason == "executor_died" and final.failed.retryable
+    reason = "executor_stalled" if fault == "hang" else "executor_died"
+    assert final.failed.reason == reason and final.failed.retryable
     assert how in final.failed.message, final.failed.message
-    [died] = [
-        e for e in trainer.log_events("trial.executor_died") if e["trial_id"] == killer.trial_id
-    ]
-    dead_pid = died["pid"]
+    dead_pid = int(final.failed.message.split("(pid ")[1].split(")")[0])
 
     # A new executor for the framework; the worker never went down.
     after = _faulty(f"after-{fault}-{uuid.uuid4().hex[:8]}", "refuse")
@@ -136,11 +142,12 @@ def test_sigterm_during_a_warm_run_hands_back_and_leaves_no_process(
 ) -> None:
     stack = Stack(infra, tmp_path)
     try:
-        trainer = stack.trainer("term", {"AISTACK_TRAINER_WARM_FRAMEWORKS": "torch"})
+        trainer = stack.trainer("term")
         warmup = trial_request(f"term-warm-{uuid.uuid4().hex[:8]}", 0, epochs=1)
         slow = trial_request(f"term-slow-{uuid.uuid4().hex[:8]}", 1, epochs=60, params=SLOW)
-        stack.send(warmup, slow)
+        stack.send(warmup)
         assert stack.final(warmup.trial_id).WhichOneof("event") == "completed", stack.logs()
+        stack.send(slow)
         stack.recorder.wait_for(
             stack.topics.reports,
             lambda r: r.trial_id == slow.trial_id and r.WhichOneof("event") == "progress",

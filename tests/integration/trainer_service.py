@@ -93,6 +93,8 @@ class TrainerProcess:
                 "AISTACK_TRAINER_DEVICE": "cpu",
                 "AISTACK_TRAINER_HEARTBEAT_SECONDS": "1",
                 "AISTACK_TRAINER_METRICS_PORT": "0",
+                # TensorFlow's executor starts with the first TensorFlow trial.
+                "AISTACK_TRAINER_WARM_FRAMEWORKS": "torch",
                 **(env or {}),
             },
             stdout=self._log,

@@ -47,3 +47,37 @@ def test_fold_errors_come_from_a_cross_validation_trials_metrics() -> None:
         kfold.fold_errors(metrics, 11)
     with pytest.raises(ValueError, match="equal runs"):
         kfold.paired(DEFAULT, TUNED[:5])
+
+
+def test_the_svc_baseline_predicts_every_digit_once_on_the_trainers_folds() -> None:
+    errors = kfold.svc_fold_errors(5)
+    assert len(errors) == 5
+    assert all(0 <= e < 0.05 for e in errors)  # an SVC on digits: about 1% error
+
+
+def test_a_cross_validation_study_is_a_valid_grid_over_the_folds() -> None:
+    from pathlib import Path
+
+    from compose.study import cross_validation_spec, fold_errors, load_spec
+    from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
+    from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+    from svc_tuner import spec as specs
+
+    digits = load_spec(Path("examples/studies/digits-demo.yaml").read_text())
+    params = {"learning_rate": common_pb2.ParamValue(float_value=0.005)}
+    spec = cross_validation_spec(digits, "cv-tuned", params, 10)
+    specs.validate(spec)
+    assert spec.sampler.kind == tuning_pb2.SAMPLER_KIND_GRID
+    assert spec.pruner.kind == tuning_pb2.PRUNER_KIND_NONE
+    assert spec.budget.max_trials == 10 and spec.task.options["cv_folds"] == "10"
+    assert spec.task.epochs == digits.task.epochs and spec.task.dataset == "digits"
+    assert specs._grid(spec) == {"cv_fold": list(range(10)), "learning_rate": [0.005]}
+
+    trials = [
+        api.Trial(state=api.TRIAL_STATE_COMPLETED, metrics={f"fold_{i}_error": i / 100})
+        for i in range(3)
+    ]
+    trials.append(api.Trial(state=api.TRIAL_STATE_FAILED, metrics={"fold_3_error": 0.5}))
+    assert fold_errors(trials, 3) == [0.0, 0.01, 0.02]
+    with pytest.raises(KeyError):
+        fold_errors(trials, 4)  # fold 3 failed: no error for it

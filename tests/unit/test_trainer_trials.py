@@ -207,6 +207,26 @@ def test_tensorboard_gets_hparams_and_scalars(tmp_path: Path) -> None:
     assert "_hparams_/session_start_info" in plugin and "_hparams_/experiment" in plugin
 
 
+def test_the_worker_writes_tensorboard_runs_without_importing_tensorflow(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, pathlib\n"
+        "from svc_trainer.tensorboard import TrialBoard\n"
+        f"board = TrialBoard(pathlib.Path({str(tmp_path)!r}), 's/1', {{'lr': 0.1}}, ('loss',))\n"
+        "board.epoch(1, {'loss': 0.5})\n"
+        "board.close()\n"
+        "print('tensorflow' in sys.modules)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False"
+    assert list(tmp_path.glob("events.out.tfevents.*"))
+
+
 def test_a_framework_parameter_overrides_the_tasks_framework() -> None:
     chosen = request()
     chosen.params["framework"].string_value = "tensorflow"
