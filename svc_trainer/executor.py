@@ -32,7 +32,6 @@ from __future__ import annotations
 import gc
 import multiprocessing as mp
 import os
-import queue
 import resource
 import sys
 import time
@@ -40,6 +39,7 @@ import traceback
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Any
 
 from shared.log import configure_logging, get_logger
@@ -146,12 +146,15 @@ class Executor:
         self.ready = False
         self.started_at = time.monotonic()
         context = mp.get_context("spawn")
-        self._jobs: mp.Queue[Job | None] = context.Queue()
-        self._events: mp.Queue[Event] = context.Queue()
-        self._stop = context.Value("i", int(StopReason.NONE))
+        # A pipe and raw shared memory, no queues or locks: a kill -9 of the
+        # worker then leaves no semaphores for the resource tracker to mourn.
+        # One writer each way: jobs from here, events from the executor.
+        self._pipe, theirs = context.Pipe(duplex=True)
+        self._stop = context.RawValue("i", int(StopReason.NONE))
         # Bumped by the run at every check (between batches) and report.
-        self._beats = context.Value("Q", 0, lock=False)
+        self._beats = context.RawValue("Q", 0)
         self._seen_beats = (0, time.monotonic())
+        self._gone = False
         self._process = context.Process(
             target=_main,
             args=(
@@ -159,8 +162,7 @@ class Executor:
                 one_shot,
                 threads,
                 cached_datasets,
-                self._jobs,
-                self._events,
+                theirs,
                 self._stop,
                 self._beats,
                 log_level,
@@ -170,6 +172,7 @@ class Executor:
             daemon=False,
         )
         self._process.start()
+        theirs.close()  # the executor's end: its death then reads as EOF here
 
     @property
     def pid(self) -> int | None:
@@ -177,12 +180,11 @@ class Executor:
 
     def submit(self, job: Job) -> None:
         """Hand the executor a trial (it starts once the executor is ready)."""
-        with self._stop.get_lock():
-            self._stop.value = int(StopReason.NONE)
+        self._stop.value = int(StopReason.NONE)
         self.busy = True
         self.trials += 1
         self._seen_beats = (self._beats.value, time.monotonic())
-        self._jobs.put(job)
+        self._send(job)
 
     def quiet_for(self) -> float:
         """Seconds since the run last checked in (a check between batches,
@@ -197,20 +199,21 @@ class Executor:
     def request_stop(self, reason: StopReason) -> None:
         """Ask the run to stop at its next check. A shutdown wins over a
         prune (the trial is handed back rather than reported)."""
-        with self._stop.get_lock():
-            if reason is StopReason.SHUTDOWN or self._stop.value == StopReason.NONE:
-                self._stop.value = int(reason)
+        # Only the worker's loop writes it: no lock needed.
+        if reason is StopReason.SHUTDOWN or self._stop.value == StopReason.NONE:
+            self._stop.value = int(reason)
 
     def events(self, timeout: float) -> list[Event]:
         """What the executor said since the last call, waiting up to
         ``timeout`` for the first event."""
         out: list[Event] = []
         try:
-            out.append(self._events.get(timeout=timeout) if timeout > 0 else self._get_nowait())
-            while True:
-                out.append(self._get_nowait())
-        except queue.Empty:
-            pass
+            if not self._gone and self._pipe.poll(timeout):
+                out.append(self._pipe.recv())
+                while self._pipe.poll(0):
+                    out.append(self._pipe.recv())
+        except (EOFError, OSError):
+            self._gone = True  # it died; alive() says so
         if out:  # anything it says is progress too
             self._seen_beats = (self._beats.value, time.monotonic())
         for event in out:
@@ -220,8 +223,11 @@ class Executor:
                 self.busy = False
         return out
 
-    def _get_nowait(self) -> Event:
-        return self._events.get_nowait()
+    def _send(self, job: Job | None) -> None:
+        try:
+            self._pipe.send(job)
+        except (BrokenPipeError, OSError):
+            self._gone = True  # it died; the watch loop sees it
 
     def alive(self) -> bool:
         return self._process.is_alive()
@@ -247,10 +253,7 @@ class Executor:
     def retire(self, timeout: float = 10.0) -> None:
         """Let the executor finish and exit; killed if it does not in time."""
         if self._process.is_alive():
-            try:
-                self._jobs.put(None)
-            except (OSError, ValueError):
-                pass
+            self._send(None)
             self._process.join(timeout)
         self.kill()
 
@@ -262,9 +265,7 @@ class Executor:
         self.close()
 
     def close(self) -> None:
-        for channel in (self._jobs, self._events):
-            channel.close()
-            channel.cancel_join_thread()
+        self._pipe.close()
 
 
 @dataclass(frozen=True)
@@ -411,18 +412,18 @@ class ExecutorPool:
 # ---- the executor's side ----------------------------------------------------------------
 
 
-class _QueueChannel:
-    def __init__(self, events: mp.Queue[Event], stop: Any, beats: Any) -> None:
+class _PipeChannel:
+    def __init__(self, events: Connection, stop: Any, beats: Any) -> None:
         self._events, self._stop, self._beats = events, stop, beats
         self.started_with: dict[str, Any] = {}
 
     def started(self, resumed_from_step: int, note: str = "") -> None:
         self._beats.value += 1
-        self._events.put(Started(resumed_from_step, note, **self.started_with))
+        self._events.send(Started(resumed_from_step, note, **self.started_with))
 
     def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
         self._beats.value += 1
-        self._events.put(Epoch(step, dict(metrics)))
+        self._events.send(Epoch(step, dict(metrics)))
 
     def stop_requested(self) -> StopReason:
         self._beats.value += 1
@@ -460,8 +461,7 @@ def _main(
     one_shot: bool,
     threads: int,
     cached_datasets: int,
-    jobs: mp.Queue[Job | None],
-    events: mp.Queue[Event],
+    pipe: Connection,
     stop: Any,
     beats: Any,
     log_level: str,
@@ -477,24 +477,25 @@ def _main(
         runner = runners.load(runner_path)
         if not one_shot:
             runner.warm_up(threads)
-        events.put(Ready(os.getpid(), time.monotonic() - began))
+        pipe.send(Ready(os.getpid(), time.monotonic() - began))
         cache = _DataCache(cached_datasets)
         done = 0
-        while (job := jobs.get()) is not None:
+        while (job := pipe.recv()) is not None:
             if not one_shot and runner.fresh_process(job.spec):
-                events.put(NeedsFresh())
+                pipe.send(NeedsFresh())
                 break
-            _run_trial(runner, job, cache, events, stop, beats, trials_before=done)
+            _run_trial(runner, job, cache, pipe, stop, beats, trials_before=done)
             done += 1
-            events.put(Idle(_rss_bytes(), retiring=one_shot))
+            pipe.send(Idle(_rss_bytes(), retiring=one_shot))
             if one_shot:
                 break
+    except EOFError:
+        pass  # the worker is gone
     except BaseException:
         log.error("executor.crashed", error=traceback.format_exc())
         code = 1
     finally:
-        events.close()
-        events.join_thread()
+        pipe.close()
         # Everything is said; skip the interpreter's teardown, where a
         # framework's threads (gloo, TensorFlow) now and then abort the process.
         sys.stdout.flush()
@@ -506,7 +507,7 @@ def _run_trial(
     runner: Runner,
     job: Job,
     cache: _DataCache,
-    events: mp.Queue[Event],
+    events: Connection,
     stop: Any,
     beats: Any,
     *,
@@ -519,7 +520,7 @@ def _run_trial(
         from svc_trainer import evaluation
 
         splits = evaluation.prepare(splits, spec.options)
-        events.put(
+        events.send(
             DataLoaded(
                 splits.name,
                 splits.version,
@@ -529,19 +530,19 @@ def _run_trial(
                 train_examples=len(splits.y_train),
             )
         )
-        channel = _QueueChannel(events, stop, beats)
+        channel = _PipeChannel(events, stop, beats)
         channel.started_with = {
             "pid": os.getpid(),
             "trials_before": trials_before,
             "data_cached": cached,
         }
         result = evaluation.run(runner, spec, splits, channel)
-        events.put(Finished(result))
+        events.send(Finished(result))
     except TrialError as exc:
-        events.put(Failed(exc.reason, str(exc), retryable=False))
+        events.send(Failed(exc.reason, str(exc), retryable=False))
     except Exception as exc:  # the machine's fault, not the trial's: may be retried
         log_.error("trial.crashed", trial_id=spec.trial_id, error=traceback.format_exc())
-        events.put(Failed("training_error", f"{type(exc).__name__}: {exc}", retryable=True))
+        events.send(Failed("training_error", f"{type(exc).__name__}: {exc}", retryable=True))
     finally:
         try:
             runner.release()

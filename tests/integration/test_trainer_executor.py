@@ -23,30 +23,19 @@ from svc_trainer.executor import (
     Ready,
     Started,
 )
-from svc_trainer.plan import DataRequest, RunSpec, StopReason
+from svc_trainer.plan import DataRequest, StopReason
 from svc_trainer.runners import registry
-from tests.integration.trainer_support import SMALL
+from tests.integration.trainer_support import run_spec
 
 
 def _job(root: Path, number: int, *, epochs: int = 2) -> Job:
-    spec = RunSpec(
+    spec = run_spec(
+        root / f"trial-{number}",
         trial_id=f"warm/{number}",
         study_id="warm",
         trial_number=number,
-        attempt=1,
-        dataset="digits",
-        model_family="cnn",
-        framework="torch",
-        strategy="single",
-        world_size=1,
         epochs=epochs,
-        hparams=SMALL,
         seed=7,
-        objective_metric="val_error",
-        checkpoint_dir=str(root / f"checkpoints-{number}"),
-        export_dir=str(root / f"export-{number}"),
-        tensorboard_dir=str(root / f"tb-{number}"),
-        device="cpu",
         threads=1,
     )
     return Job(spec, DataRequest("digits"))
