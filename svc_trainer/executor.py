@@ -251,8 +251,11 @@ class Executor:
         return f"exited with code {code}"
 
     def retire(self, timeout: float = 10.0) -> None:
-        """Let the executor finish and exit; killed if it does not in time."""
-        if self._process.is_alive():
+        """Let the executor finish and exit; killed if it does not in time.
+        One still warming up holds no trial: it is killed at once rather
+        than waited for (a trainer stopped just after it started)."""
+        self.events(timeout=0)  # a Ready already sent counts
+        if self._process.is_alive() and (self.ready or self.busy):
             self._send(None)
             self._process.join(timeout)
         self.kill()

@@ -110,3 +110,13 @@ def test_a_stop_reaches_a_warm_run_and_the_process_takes_the_next_trial(
     assert not [e for e in events if isinstance(e, Failed)]
     [finished] = [e for e in events if isinstance(e, Finished)]
     assert finished.result.stopped is StopReason.NONE  # the stop flag was reset
+
+
+def test_an_executor_still_warming_up_is_killed_at_close_not_waited_for(
+    pool: ExecutorPool,
+) -> None:
+    executor = pool.executor_for("tensorflow")  # importing TensorFlow takes seconds
+    pool.close()
+    assert not executor.alive()
+    assert executor.death() == "killed by SIGKILL"
+    assert not executor.ready
