@@ -600,7 +600,7 @@ class _EpochLoop:
         step = epoch + 1
         seconds = max(self._last_step - self._epoch_began, 1e-9)
         logs = logs or {}
-        val = {name.removeprefix("val_"): v for name, v in logs.items() if name.startswith("val_")}
+        val = _evaluate_local(self._model, self._data, "val", self._spec.hparams.batch_size)
         metrics = _epoch_metrics(self._data.task, logs["loss"], val)
         metrics["samples_per_s"] = len(self._data.x_train) / seconds
         self._checkpoints.save(step)
@@ -628,15 +628,17 @@ def _train_fit(
     channel.started(start, note)
     log.info("tf.started", trial_id=spec.trial_id, resumed_from_step=start, note=note)
     loop = _EpochLoop(spec, data, channel, checkpoints, model, start)
-    y_train, y_val = _targets(data, data.y_train), _targets(data, data.y_val)
+    # Validation and test are scored in NumPy batches (``_evaluate_local``),
+    # not by Keras' evaluate: dropping a spent tf.data iterator in Keras'
+    # per-epoch evaluation reset segfaulted, now and then, a process that
+    # had run many trials (TensorFlow 2.21, Keras 3.15).
     if start < spec.epochs:
         model.fit(
             data.x_train,
-            y_train,
+            _targets(data, data.y_train),
             batch_size=hp.batch_size,
             epochs=spec.epochs,
             initial_epoch=start,
-            validation_data=(data.x_val, y_val),
             callbacks=[loop.callback()],
             shuffle=True,
             verbose=0,
@@ -647,21 +649,16 @@ def _train_fit(
     val_metrics = loop.metrics
     if not val_metrics:
         # Every epoch was done by an earlier attempt: measure what it left.
-        train_eval = _evaluate_fit(model, data.x_train, y_train, hp.batch_size)
-        val_eval = _evaluate_fit(model, data.x_val, y_val, hp.batch_size)
+        train_eval = _evaluate_local(model, data, "train", hp.batch_size)
+        val_eval = _evaluate_local(model, data, "val", hp.batch_size)
         val_metrics = _epoch_metrics(data.task, train_eval["loss"], val_eval)
-    test_eval = _evaluate_fit(model, data.x_test, _targets(data, data.y_test), hp.batch_size)
+    test_eval = _evaluate_local(model, data, "test", hp.batch_size)
     result = RunResult(
         epochs_completed=max(start, loop.completed),
         val_metrics=val_metrics,
         test_metrics=_test_metrics(data.task, test_eval),
     )
     return result, model
-
-
-def _evaluate_fit(model: Any, x: NDArray[Any], y: NDArray[Any], batch: int) -> dict[str, float]:
-    out = model.evaluate(x, y, batch_size=batch, verbose=0, return_dict=True)
-    return {name: float(value) for name, value in out.items()}
 
 
 # -- multi_worker_mirrored and parameter_server: custom loops ------------------------------
