@@ -39,7 +39,12 @@ from study_speedup import Trainers  # noqa: E402
 from tuner_overhead import TunerUnderTest  # noqa: E402
 
 from compose import kfold  # noqa: E402
-from compose.study import cross_validation_spec, fold_errors, load_spec  # noqa: E402
+from compose.study import (  # noqa: E402
+    cross_validation_spec,
+    describe_trial,
+    fold_errors,
+    load_spec,
+)
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api  # noqa: E402
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub  # noqa: E402
 from shared.rpc.client import open_channel  # noqa: E402
@@ -50,9 +55,9 @@ GOAL_SVC = 1.0
 
 async def tune_and_cross_validate(
     tuner: TunerUnderTest, trials: int, folds: int
-) -> tuple[api.Trial, list[float], list[float], float]:
-    """The study's best trial, the default's and the tuned configuration's
-    fold errors, and the study's wall time."""
+) -> tuple[list[float], list[float]]:
+    """The default's and the tuned configuration's fold errors (the study's
+    best and its wall time are printed)."""
     async with open_channel(tuner.grpc) as channel:
         await asyncio.wait_for(channel.channel_ready(), timeout=60)
         stub = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -65,7 +70,7 @@ async def tune_and_cross_validate(
         await stub.CreateStudy(api.CreateStudyRequest(spec=spec))
         best = await _until_done(stub, spec.name)
         wall = time.perf_counter() - started
-        print(f"study: {trials} trials in {wall:.0f} s; best {_describe(best)}", flush=True)
+        print(f"study: {trials} trials in {wall:.0f} s; best {describe_trial(best)}", flush=True)
         cross = {
             label: cross_validation_spec(spec, f"gain-cv-{label}-{suffix}", params, folds)
             for label, params in (("default", {}), ("tuned", dict(best.params)))
@@ -77,7 +82,7 @@ async def tune_and_cross_validate(
             await _until_done(stub, cv.name)
             listed = await stub.ListTrials(api.ListTrialsRequest(study_id=cv.name))
             errors.append(fold_errors(listed.trials, folds))
-        return best, errors[0], errors[1], wall
+        return errors[0], errors[1]
 
 
 async def _until_done(stub: Any, study_id: str) -> api.Trial:
@@ -91,12 +96,6 @@ async def _until_done(stub: Any, study_id: str) -> api.Trial:
     return best
 
 
-def _describe(trial: api.Trial) -> str:
-    from compose.study import describe_trial
-
-    return describe_trial(trial)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=64)
@@ -108,9 +107,7 @@ def main() -> int:
         trainers = Trainers(tuner, 2, state, warm="torch,tensorflow")
         try:
             trainers.wait_warm()
-            _, default, tuned, _ = asyncio.run(
-                tune_and_cross_validate(tuner, args.trials, args.folds)
-            )
+            default, tuned = asyncio.run(tune_and_cross_validate(tuner, args.trials, args.folds))
         finally:
             trainers.stop()
             tuner.stop()

@@ -310,9 +310,8 @@ class Worker:
             running.outcome is None
             and running.data is not None
             and self._settings.executor_stall_seconds
-            and executor.quiet_for() > self._settings.executor_stall_seconds
+            and (quiet := executor.quiet_for()) > self._settings.executor_stall_seconds
         ):
-            quiet = executor.quiet_for()
             self._executors.discard(executor)
             running.outcome = Failed(
                 "executor_stalled",
