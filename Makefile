@@ -11,7 +11,12 @@ UV := $(or $(shell command -v uv 2>/dev/null),$(HOME)/.local/bin/uv)
 VENV := .venv
 PY := $(VENV)/bin/python
 # Optional dependency groups installed by `make setup` (see pyproject.toml).
-EXTRAS ?= dev ingest transform tuner tuner-gp trainer model client bench
+# GPU=1: TensorFlow's CUDA build (tensorflow[and-cuda]) instead of
+# tensorflow-cpu for the trainer and the model server; PyPI's Linux torch is
+# the CUDA build either way.
+GPU ?=
+FRAMEWORKS := $(if $(filter-out 0,$(GPU)),trainer-gpu model-gpu,trainer model)
+EXTRAS ?= dev ingest transform tuner tuner-gp $(FRAMEWORKS) client bench
 STAMPS := .setup-stamps
 PROTOS := $(shell find proto -name '*.proto')
 

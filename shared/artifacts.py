@@ -16,12 +16,15 @@ import hashlib
 import os
 import shutil
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
 from shared.errors import FailedPrecondition
 
 _CHUNK = 1 << 20
+# The file naming a remote checkpoint's current version (``put_checkpoint``).
+_LATEST = "LATEST"
 
 
 class _HashSink:
@@ -65,10 +68,15 @@ def digest(path: Path) -> tuple[str, int]:
 
 
 class ArtifactStore:
-    """Directories under one root URL. Keys are relative POSIX paths."""
+    """Directories under one root URL. Keys are relative POSIX paths.
+
+    A URL root may carry what its filesystem needs to connect
+    (``ftp://user:password@host:port/dir``, ``s3://bucket/prefix``): fsspec
+    parses it, and ``uri`` hands back full URLs under the same root."""
 
     def __init__(self, root: str) -> None:
         import fsspec  # the trainer's and model server's dependency, not every service's
+        from fsspec.implementations.local import LocalFileSystem
 
         self.root = root.rstrip("/")
         protocol, _, rest = self.root.partition("://")
@@ -77,14 +85,12 @@ class ArtifactStore:
             self._fs, self._base = fsspec.filesystem("file"), str(Path(root).resolve())
         else:
             try:
-                self._fs = fsspec.filesystem(protocol)
+                self._fs, base = fsspec.core.url_to_fs(self.root)
             except (ImportError, ValueError) as exc:
                 raise FailedPrecondition(
                     f"artifact store {root!r}: no fsspec backend for {protocol}:// ({exc})"
                 ) from exc
-            self._base = rest if protocol != "file" else str(Path("/" + rest.lstrip("/")))
-        from fsspec.implementations.local import LocalFileSystem
-
+            self._base = str(base).rstrip("/")
         self.local = isinstance(self._fs, LocalFileSystem)
 
     def path(self, key: str) -> str:
@@ -92,8 +98,9 @@ class ArtifactStore:
         return f"{self._base}/{key.strip('/')}"
 
     def uri(self, key: str) -> str:
-        path = self.path(key)
-        return Path(path).as_uri() if self.local else f"{self.root.partition('://')[0]}://{path}"
+        if self.local:
+            return Path(self.path(key)).as_uri()
+        return f"{self.root}/{key.strip('/')}"
 
     def exists(self, key: str) -> bool:
         return bool(self._fs.exists(self.path(key)))
@@ -130,6 +137,38 @@ class ArtifactStore:
         else:
             self._fs.get(source, str(local), recursive=True)
         return True
+
+    def put_checkpoint(self, local: Path, key: str) -> None:
+        """Replace the checkpoint at ``key`` with the tree at ``local`` so that
+        a process killed at any moment leaves a whole checkpoint behind.
+
+        A local store renames (``put_dir``). Object stores and FTP have no
+        atomic rename of a tree, so a remote checkpoint is a new version
+        beside the old (``key/<version>/``), then a one-object pointer
+        (``key/LATEST``) naming it, then the old versions go: the pointer
+        always names a version that was written whole."""
+        if self.local:
+            self.put_dir(local, key)
+            return
+        version = f"v{time.time_ns():020d}"
+        self._fs.put(str(local), self.path(f"{key}/{version}"), recursive=True)
+        self._fs.pipe_file(self.path(f"{key}/{_LATEST}"), version.encode())
+        # Names only: some filesystems (FTP) list bare names, others paths.
+        for entry in self._fs.ls(self.path(key), detail=False):
+            name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+            if name not in (version, _LATEST):
+                self._fs.rm(self.path(f"{key}/{name}"), recursive=True)
+
+    def get_checkpoint(self, key: str, local: Path) -> bool:
+        """Copy the checkpoint ``put_checkpoint`` left at ``key`` into
+        ``local`` (replacing it); False when there is none."""
+        if self.local:
+            return self.get_dir(key, local)
+        pointer = self.path(f"{key}/{_LATEST}")
+        if not self._fs.exists(pointer):
+            return False
+        version = self._fs.cat_file(pointer).decode().strip()
+        return self.get_dir(f"{key}/{version}", local)
 
     def remove(self, key: str) -> None:
         if self._fs.exists(self.path(key)):

@@ -132,7 +132,7 @@ class Uploads:
                 key, snapshot = self._pending.popitem(last=False)
                 self._busy = True
             try:
-                self._store.put_dir(snapshot, key)
+                self._store.put_checkpoint(snapshot, key)
             except Exception as exc:  # the next epoch's upload tries again
                 log.warning("checkpoint.upload_failed", key=key, error=str(exc))
             finally:

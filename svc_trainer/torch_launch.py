@@ -9,21 +9,24 @@ rank's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT::
         -m svc_trainer.torch_launch trial.json --out s3://bucket/runs/STUDY-TRIAL
 
 ``trial.json`` is a ``TrialRequested`` in protobuf JSON (what the tuner
-publishes; ``aistack study`` shows them). Rank 0 prints one JSON line per
-epoch, checkpoints every epoch into ``--out``/checkpoints (so a restarted
-torchrun resumes), and at the end exports the model into ``--out``/model and
-prints the result with the model's sha256. ``--out`` must be reachable from
-every node for resuming (shared disk, or any fsspec URL).
+publishes; ``aistack study`` shows them). Rank 0 checkpoints every epoch into
+``--out``/checkpoints (uploaded there before the epoch's line when ``--out``
+is remote, so a restarted torchrun resumes after the last epoch printed),
+prints one JSON line per epoch, and at the end exports the model into
+``--out``/model and prints the result with the model's sha256. ``--out`` must
+be reachable from every node (shared disk, or any fsspec URL: ``s3://…``,
+``ftp://user:password@host/dir``…).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from google.protobuf import json_format
@@ -31,16 +34,29 @@ from google.protobuf import json_format
 from shared.artifacts import ArtifactStore, digest
 from shared.contracts.aistack.v1 import tuning_pb2
 from svc_trainer import trials
+from svc_trainer.lifetime import die_with_parent
 from svc_trainer.plan import StopReason, TrialError
+
+_CHECKPOINTS = "checkpoints"
 
 
 class _PrintChannel:
+    """Rank 0's channel: one JSON line per event on stdout. With a remote
+    ``--out`` each epoch's checkpoint is uploaded before its line is printed,
+    so a printed epoch is one a restarted torchrun resumes after."""
+
+    def __init__(self, upload: Callable[[], None] | None = None) -> None:
+        self._upload = upload
+
     def started(self, resumed_from_step: int, note: str = "") -> None:
         print(
             json.dumps({"event": "started", "resumed_from_step": resumed_from_step, "note": note})
         )
+        sys.stdout.flush()
 
     def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self._upload is not None:
+            self._upload()
         print(json.dumps({"event": "epoch", "step": step, **trials.progress_metrics(metrics)}))
         sys.stdout.flush()
 
@@ -58,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if "RANK" not in os.environ:
         parser.error("run me under torchrun (RANK, WORLD_SIZE... are not set)")
+    # torchrun starts each rank in a session of its own and kills it when it
+    # exits cleanly; a torchrun that is killed (its node lost) takes the
+    # ranks with it only this way.
+    die_with_parent()
 
     from svc_trainer import data as datasets
     from svc_trainer import torch_runner
@@ -67,9 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = int(os.environ["RANK"])
     with tempfile.TemporaryDirectory() as scratch:
         work = Path(scratch)
-        checkpoints = Path(store.path("checkpoints")) if store.local else work / "checkpoints"
+        checkpoints = Path(store.path(_CHECKPOINTS)) if store.local else work / _CHECKPOINTS
+        upload = None
         if not store.local:
-            store.get_dir("checkpoints", checkpoints)
+            # Every rank restores from the same checkpoint; only rank 0 writes one.
+            store.get_checkpoint(_CHECKPOINTS, checkpoints)
+            upload = functools.partial(store.put_checkpoint, checkpoints, _CHECKPOINTS)
         try:
             spec = trials.run_spec(
                 request,
@@ -86,14 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = datasets.load(
                 wanted.dataset, wanted.options, seed=wanted.seed, features_path=wanted.features_path
             )
+            result, model = torch_runner.train_under_launcher(spec, data, _PrintChannel(upload))
         except TrialError as error:
             print(json.dumps({"event": "failed", "reason": error.reason, "message": str(error)}))
             return 2
-        result, model = torch_runner.train_under_launcher(spec, data, _PrintChannel())
         if rank != 0:
             return 0
-        if not store.local:
-            store.put_dir(checkpoints, "checkpoints")
         torch_runner.export(model, data, work / "model")
         sha, size = digest(work / "model")
         uri = store.put_dir(work / "model", "model")

@@ -5,12 +5,18 @@
 - ``single`` (also ``one_device``): one process, one device (the first GPU
   when there is one, else the CPU).
 - ``ddp``: DistributedDataParallel over ``world_size`` processes on this node
-  (default: one per GPU, else 2): NCCL on GPUs, gloo on CPUs; each rank reads
-  its shard through a DistributedSampler. This process is rank 0, the only one
-  that talks to the channel and writes checkpoints; the ranks agree on
-  stopping through an all-reduce, so they always stop at the same batch.
+  (default: one per GPU, else 2): NCCL on GPUs, one GPU per rank, gloo on
+  CPUs; each rank reads its shard through a DistributedSampler. This process
+  is rank 0, the only one that talks to the channel and writes checkpoints;
+  the ranks agree on stopping through an all-reduce of a tensor on their own
+  device (NCCL reduces CUDA tensors only), so they always stop at the same
+  batch. More ranks than GPUs is refused before any rank starts (see
+  ``check_ranks_fit``).
 - ``model_parallel``: the network's layers split over two devices (two GPUs
   when present, else two CPU stages), activations moved between them.
+
+On a GPU the training split is copied to the device once when it fits (see
+``data_placement``), else batches travel from pinned host memory.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -184,7 +190,7 @@ def _use_cuda(device: str) -> bool:
 
 def _device(device: str, local_rank: int) -> torch.device:
     if _use_cuda(device):
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
@@ -205,15 +211,37 @@ def _autocast(device: torch.device) -> tuple[contextlib.AbstractContextManager[A
     return torch.autocast("cuda", dtype=torch.float16), torch.amp.GradScaler("cuda")
 
 
+def _free_bytes(device: torch.device) -> int:
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+# The training split goes to the GPU when it takes at most this share of the
+# free memory; the rest is for the model, its gradients and activations.
+DEVICE_DATA_SHARE = 0.5
+
+
+def data_placement(nbytes: int, device: torch.device, free_bytes: int) -> str:
+    """Where a training split of ``nbytes`` lives while it trains on
+    ``device``: "device" (copied once), "pinned" (page-locked host memory,
+    batches copied asynchronously) or "host" (a CPU run)."""
+    if device.type != "cuda":
+        return "host"
+    return "device" if nbytes <= free_bytes * DEVICE_DATA_SHARE else "pinned"
+
+
 # ---- the training loop ------------------------------------------------------
 
 
 @dataclass
 class _Group:
-    """How ranks agree; one process alone agrees with itself."""
+    """How ranks agree; one process alone agrees with itself. The collectives
+    reduce tensors on ``device``, the rank's own: NCCL takes CUDA tensors
+    only, gloo CPU ones."""
 
     rank: int = 0
     world_size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def chief(self) -> bool:
@@ -222,14 +250,14 @@ class _Group:
     def agree(self, stop: StopReason) -> StopReason:
         if self.world_size == 1:
             return stop
-        flag = torch.tensor([int(stop)], dtype=torch.int64)
+        flag = torch.tensor([int(stop)], dtype=torch.int64, device=self.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return StopReason(int(flag.item()))
 
     def total(self, *values: float) -> list[float]:
         if self.world_size == 1:
             return list(values)
-        tensor = torch.tensor(values, dtype=torch.float64)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(tensor)
         return [float(v) for v in tensor.tolist()]
 
@@ -257,8 +285,15 @@ class _Loop:
         self.optimizer = torch_models.optimizer(spec.hparams, model.parameters())
         classify = data.task == TASK_CLASSIFICATION
         self.loss_fn: nn.Module = nn.CrossEntropyLoss() if classify else nn.MSELoss()
-        self.x = torch.as_tensor(data.x_train)
-        self.y = torch.as_tensor(data.y_train if classify else data.y_train.reshape(-1, 1))
+        x = torch.as_tensor(data.x_train)
+        y = torch.as_tensor(data.y_train if classify else data.y_train.reshape(-1, 1))
+        self.placement = data_placement(
+            x.nbytes + y.nbytes, first, _free_bytes(first) if first.type == "cuda" else 0
+        )
+        if self.placement == "device":
+            # Once, not per batch: indexing then runs on the device too.
+            x, y = x.to(first), y.to(first)
+        self.x, self.y = x, y
         self.stop_every = 1 if self.group.world_size == 1 else _DDP_STOP_EVERY
         self.checkpoint = Path(spec.checkpoint_dir) / CHECKPOINT_FILE
 
@@ -333,10 +368,15 @@ class _Loop:
         else:
             generator = torch.Generator().manual_seed(self.spec.seed * 1_000_003 + epoch)
             order = torch.randperm(len(self.x), generator=generator)
+        order = order.to(self.x.device)
         size = self.spec.hparams.batch_size
+        pin = self.placement == "pinned"
         for start in range(0, len(order), size):
             index = order[start : start + size]
-            yield self.x[index], self.y[index]
+            xb, yb = self.x[index], self.y[index]
+            # A gathered batch is a new pageable tensor: pinning it (what
+            # DataLoader's pin_memory does) lets the copy to the GPU overlap.
+            yield (xb.pin_memory(), yb.pin_memory()) if pin else (xb, yb)
 
     @torch.no_grad()
     def _evaluate(self, x: Any, y: Any) -> dict[str, float]:
@@ -402,10 +442,27 @@ def ddp_world_size(spec: RunSpec) -> int:
     return torch.cuda.device_count() if _use_cuda(spec.device) else 2
 
 
+def check_ranks_fit(ranks_on_node: int, gpus: int) -> None:
+    """Refuse (TrialError, invalid_params) more DDP ranks on a node than it
+    has GPUs. NCCL cannot put two ranks on one GPU ("Duplicate GPU
+    detected"), and sharing one through gloo would stage every all-reduce in
+    host memory and run slower than one rank alone; a trial that wants more
+    processes than GPUs is a mistake worth naming, as torchrun users know it."""
+    if ranks_on_node > gpus:
+        raise TrialError(
+            f"ddp: world_size {ranks_on_node} on this node, but it has {gpus} GPU(s); "
+            "NCCL runs one rank per GPU: set task.world_size to at most "
+            f"{gpus}, or device cpu to run the ranks on CPUs",
+            reason="invalid_params",
+        )
+
+
 def _ddp(
     spec: RunSpec, data: DataSplits, channel: Channel, model: nn.Sequential
 ) -> tuple[RunResult, nn.Sequential]:
     world = ddp_world_size(spec)
+    if _use_cuda(spec.device):
+        check_ranks_fit(world, torch.cuda.device_count())
     init = f"tcp://127.0.0.1:{_free_port()}"
     context = _rank_context()
     ranks = [
@@ -468,6 +525,8 @@ def train_under_launcher(
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     torch.manual_seed(spec.seed)
     model = check(spec, data)
+    if _use_cuda(spec.device):
+        check_ranks_fit(local_world, torch.cuda.device_count())
     return _ddp_train(
         rank,
         world,
@@ -500,12 +559,17 @@ def _ddp_train(
         per_node = local_world or world
         torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // per_node))
     device = _device(spec.device, local)
+    if cuda:
+        # Before the group exists: NCCL and all_gather_object use the
+        # current device, which is otherwise GPU 0 on every rank.
+        torch.cuda.set_device(device)
     dist.init_process_group(
         "nccl" if cuda else "gloo",
         init_method=init,
         rank=rank,
         world_size=world,
         timeout=_DDP_TIMEOUT,
+        device_id=device if cuda else None,
     )
     try:
         model.to(device)
@@ -514,7 +578,7 @@ def _ddp_train(
         sampler: DistributedSampler[Any] = DistributedSampler(
             dataset, num_replicas=world, rank=rank, shuffle=True, seed=spec.seed
         )
-        group = _Group(rank, world)
+        group = _Group(rank, world, device)
         loop = _Loop(spec, data, model, wrapped, device, device, channel, group, sampler)
         result = loop.run()
         digests: list[str | None] = [None] * world
@@ -576,6 +640,8 @@ __all__ = [
     "STRATEGIES",
     "TwoStage",
     "check",
+    "check_ranks_fit",
+    "data_placement",
     "export",
     "run",
     "train",

@@ -207,7 +207,7 @@ class Worker:
             checkpoint_dir = Path(self._store.path(checkpoint_key))
         else:
             checkpoint_dir = self._work / checkpoint_key
-            self._store.get_dir(checkpoint_key, checkpoint_dir)
+            self._store.get_checkpoint(checkpoint_key, checkpoint_dir)
         export_dir = self._work / "export" / f"{key}-{request.attempt}"
         shutil.rmtree(export_dir, ignore_errors=True)
         settings = self._settings

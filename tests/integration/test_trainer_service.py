@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.artifacts import digest, local_path
+from shared.artifacts import ArtifactStore, digest, local_path
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, models_pb2, tuning_pb2
 from tests.infra import Infra, read_topic
+from tests.integration.ftp_store import ftp_store
 from tests.integration.trainer_service import (
     Stack,
     model_ready,
@@ -203,16 +204,39 @@ def _wait_for_step(stack: Stack, trial_id: str, trainer: str, step: int) -> None
     raise AssertionError(f"{trainer} never reached step {step}:\n{stack.logs()}")
 
 
-def test_a_killed_trainer_s_trial_resumes_elsewhere_from_its_checkpoint(stack: Stack) -> None:
-    first = stack.trainer("first")
-    request = trial_request(f"kill-{uuid.uuid4().hex[:8]}", 0, epochs=6, params=SLOW)
-    stack.send(request)
-    _wait_for_step(stack, request.trial_id, "first", 2)
-    first.kill()  # kill -9: no hand-back, no commit
-    killed_at = max(_progress_by(stack, request.trial_id, "first"))
+def _uploaded_epoch(store: str, request: tuning_pb2.TrialRequested, scratch: Path) -> int:
+    """The epoch of the trial's checkpoint in the remote store (0: none yet)."""
+    import torch
 
-    stack.trainer("second")
-    final = stack.final(request.trial_id, timeout=300)
+    from svc_trainer import torch_runner, trials
+
+    key = f"checkpoints/{trials.trial_key(request)}"
+    if not ArtifactStore(store).get_checkpoint(key, scratch):
+        return 0
+    saved = torch.load(scratch / torch_runner.CHECKPOINT_FILE, weights_only=True)
+    return int(saved["epoch"])
+
+
+def test_a_killed_trainer_s_trial_resumes_elsewhere_from_its_checkpoint(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The trainers share no disk: their artifact store is a remote one (an
+    FTP server), so the second resumes from what the first uploaded."""
+    with ftp_store(tmp_path / "ftp") as store:
+        env = {"AISTACK_TRAINER_ARTIFACT_ROOT": store}
+        first = stack.trainer("first", env)
+        request = trial_request(f"kill-{uuid.uuid4().hex[:8]}", 0, epochs=6, params=SLOW)
+        stack.send(request)
+        _wait_for_step(stack, request.trial_id, "first", 2)
+        # Uploads run behind the reports: wait for the second epoch's.
+        deadline = time.monotonic() + 120
+        while (uploaded := _uploaded_epoch(store, request, tmp_path / "peek")) < 2:
+            assert time.monotonic() < deadline, stack.logs()
+            time.sleep(0.2)
+        first.kill()  # kill -9: no hand-back, no commit, no more uploads
+
+        stack.trainer("second", env)
+        final = stack.final(request.trial_id, timeout=300)
     assert final.WhichOneof("event") == "completed", stack.logs()
     assert final.trainer_id == "second"
     [resumed] = [
@@ -220,12 +244,13 @@ def test_a_killed_trainer_s_trial_resumes_elsewhere_from_its_checkpoint(stack: S
         for r in stack.reports(request.trial_id)
         if r.trainer_id == "second" and r.WhichOneof("event") == "started"
     ]
-    assert resumed.resumed_from_step >= killed_at >= 2
+    # At least the epoch uploaded before the kill (a later one may have made it).
+    assert resumed.resumed_from_step >= uploaded >= 2
     assert _progress_by(stack, request.trial_id, "second") == list(
         range(resumed.resumed_from_step + 1, 7)
     )
-    # The killed trainer's trial process died with it: nothing more from it.
-    assert max(_progress_by(stack, request.trial_id, "first")) <= resumed.resumed_from_step
+    ready = model_ready(stack.recorder, stack.topics.models, request.trial_id)
+    assert ready.artifact_uri.startswith(store)
 
 
 def test_sigterm_hands_the_trial_back_and_exits_cleanly(stack: Stack) -> None:

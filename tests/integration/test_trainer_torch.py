@@ -3,6 +3,9 @@ sync, model parallel equal to one device, checkpoints, stopping, export."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +16,8 @@ import torch
 
 from svc_trainer import torch_runner
 from svc_trainer.plan import Hyperparams, StopReason, TrialError
+from tests.infra import free_port
+from tests.integration import torch_group
 from tests.integration.trainer_support import (
     RecordingChannel,
     digits_splits,
@@ -89,6 +94,42 @@ def test_ddp_ranks_stop_together(tmp_path: Path) -> None:
     result = torch_runner.run(spec, DIGITS, channel)
     assert result.stopped is StopReason.PRUNE and result.epochs_completed == 1
     assert not (tmp_path / "export").exists()
+
+
+def test_the_ranks_agree_and_sum_on_their_own_device_under_gloo() -> None:
+    """The collectives DDP's stop checks and epoch totals use, over a real
+    two-rank group; on GPUs the same code reduces CUDA tensors under NCCL
+    (tests/integration/test_trainer_gpu.py)."""
+    context = torch.multiprocessing.get_context("forkserver")
+    out = context.Queue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    other = context.Process(
+        target=torch_group.reduce_in_child,
+        args=(1, 2, init, False, int(StopReason.PRUNE), (3.0, 4.0), out),
+    )
+    other.start()
+    try:
+        mine = torch_group.reduce_as_rank(0, 2, init, False, int(StopReason.NONE), (1.0, 2.0))
+        theirs = out.get(timeout=60)
+    finally:
+        other.join(timeout=30)
+    # Rank 1 asked to stop: both stop; the totals are the sums.
+    assert mine == theirs == (int(StopReason.PRUNE), [4.0, 6.0], "cpu")
+
+
+def test_more_ranks_than_gpus_is_refused_naming_both() -> None:
+    with pytest.raises(TrialError, match=r"world_size 2 .* 1 GPU") as refused:
+        torch_runner.check_ranks_fit(2, gpus=1)
+    assert refused.value.reason == "invalid_params"
+    torch_runner.check_ranks_fit(2, gpus=2)
+    torch_runner.check_ranks_fit(1, gpus=8)
+
+
+def test_training_data_goes_to_the_gpu_when_it_fits_else_pinned_memory() -> None:
+    gpu = torch.device("cuda", 0)
+    assert torch_runner.data_placement(1 << 20, gpu, free_bytes=1 << 30) == "device"
+    assert torch_runner.data_placement(1 << 30, gpu, free_bytes=1 << 30) == "pinned"
+    assert torch_runner.data_placement(1 << 30, torch.device("cpu"), free_bytes=0) == "host"
 
 
 def test_model_parallel_computes_what_one_device_computes(tmp_path: Path) -> None:
@@ -178,17 +219,8 @@ def test_a_cnn_on_features_is_refused(tmp_path: Path) -> None:
     assert refused.value.reason == "invalid_params"
 
 
-def _torchrun(tmp_path: Path, epochs: int) -> list[dict[str, object]]:
-    import json
-
-    from google.protobuf import json_format
-
-    from tests.integration.trainer_service import trial_request
-
-    request = trial_request("launch", 0, strategy="ddp", epochs=epochs)
-    trial = tmp_path / "trial.json"
-    trial.write_text(json_format.MessageToJson(request))
-    launched = subprocess.run(
+def _torchrun(trial: Path, out: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [
             str(Path(sys.executable).with_name("torchrun")),
             "--standalone",
@@ -198,30 +230,64 @@ def _torchrun(tmp_path: Path, epochs: int) -> list[dict[str, object]]:
             "svc_trainer.torch_launch",
             str(trial),
             "--out",
-            str(tmp_path / "out"),
+            out,
             "--device",
             "cpu",
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
+        start_new_session=True,
     )
-    assert launched.returncode == 0, launched.stderr[-3000:]
-    return [json.loads(line) for line in launched.stdout.splitlines() if line.startswith("{")]
 
 
-def test_torchrun_runs_a_trial_over_its_rendezvous_and_resumes(tmp_path: Path) -> None:
-    from shared.artifacts import digest, local_path
+def _events(lines: list[str]) -> list[dict[str, object]]:
+    return [json.loads(line) for line in lines if line.startswith("{")]
 
-    lines = _torchrun(tmp_path, epochs=1)
-    assert [line["event"] for line in lines] == ["started", "epoch", "completed"]
-    done = lines[-1]
-    digests = done["replica_digests"]
-    assert isinstance(digests, list) and len(digests) == 2 and digests[0] == digests[1]
-    model = local_path(str(done["model_uri"]))
-    assert (model / torch_runner.EXPORT_FILE).is_file()
-    assert digest(model)[0] == done["sha256"]
 
-    again = _torchrun(tmp_path, epochs=2)  # a longer run of the same trial resumes
-    assert again[0] == {"event": "started", "resumed_from_step": 1, "note": ""}
-    assert [line["step"] for line in again if line["event"] == "epoch"] == [2]
+def test_torchrun_checkpoints_to_a_remote_store_every_epoch_and_resumes_after_a_kill(
+    tmp_path: Path,
+) -> None:
+    from google.protobuf import json_format
+
+    from shared.artifacts import ArtifactStore, digest
+    from tests.integration.ftp_store import ftp_store
+    from tests.integration.trainer_service import trial_request
+
+    trial = tmp_path / "trial.json"
+    request = trial_request("launch", 0, strategy="ddp", epochs=4)
+    trial.write_text(json_format.MessageToJson(request))
+    with ftp_store(tmp_path / "ftp") as out:
+        # The node dies (kill -9 of torchrun: its ranks go with it) once an
+        # epoch has been reported.
+        first = _torchrun(trial, out)
+        assert first.stdout is not None
+        seen: list[str] = []
+        for line in first.stdout:
+            seen.append(line)
+            if '"event": "epoch"' in line:
+                os.killpg(first.pid, signal.SIGKILL)
+                break
+        seen.extend(first.stdout)  # what it printed before the kill landed
+        first.wait(timeout=60)
+        printed = [e["step"] for e in _events(seen) if e["event"] == "epoch"]
+        assert printed and printed[-1] != 4, f"the run was not killed mid-way: {seen}"
+
+        second = _torchrun(trial, out)
+        stdout, stderr = second.communicate(timeout=300)
+        assert second.returncode == 0, stderr[-3000:]
+        lines = _events(stdout.splitlines())
+        resumed = lines[0]["resumed_from_step"]
+        # A printed epoch was uploaded before it was printed; the kill may
+        # have landed after one more upload.
+        assert isinstance(resumed, int) and printed[-1] <= resumed <= printed[-1] + 1, lines[0]
+        assert [e["step"] for e in lines if e["event"] == "epoch"] == list(range(resumed + 1, 5))
+        done = lines[-1]
+        assert done["event"] == "completed" and done["epochs"] == 4
+        digests = done["replica_digests"]
+        assert isinstance(digests, list) and len(digests) == 2 and digests[0] == digests[1]
+        assert str(done["model_uri"]).startswith(out)
+        model = tmp_path / "model"
+        assert ArtifactStore(out).get_dir("model", model)
+        assert (model / torch_runner.EXPORT_FILE).is_file()
+        assert digest(model)[0] == done["sha256"]

@@ -248,6 +248,8 @@ def test_gpu_override_reserves_gpus_for_trainers_only() -> None:
     assert device["driver"] == "nvidia"
     assert device["count"] == "all"
     assert "gpu" in device["capabilities"]
+    # ... and builds their image with TensorFlow's CUDA build.
+    assert override["svc_trainer"]["build"]["args"]["EXTRAS"] == "trainer-gpu"
     # The main file runs on hosts without GPUs: no reservation there.
     for name, service in load(COMPOSE)["services"].items():
         assert "deploy" not in service, f"{name} reserves resources in the main file"

@@ -157,6 +157,40 @@ def test_the_artifact_store_on_another_filesystem(tmp_path: Path) -> None:
     assert not store.get_dir("checkpoints/none", tmp_path / "nothing")
 
 
+def test_a_remote_checkpoint_is_replaced_only_by_a_whole_one(tmp_path: Path) -> None:
+    store = ArtifactStore(f"memory://aistack-{tmp_path.name}")
+    assert not store.get_checkpoint("checkpoints/s/1", tmp_path / "none")
+    (tmp_path / "ckpt").mkdir()
+    for epoch in (1, 2):
+        (tmp_path / "ckpt" / "state").write_bytes(f"epoch {epoch}".encode())
+        store.put_checkpoint(tmp_path / "ckpt", "checkpoints/s/1")
+    assert store.get_checkpoint("checkpoints/s/1", tmp_path / "back")
+    assert (tmp_path / "back" / "state").read_bytes() == b"epoch 2"
+    # Only the current version and its pointer stay.
+    assert len(store._fs.ls(store.path("checkpoints/s/1"))) == 2
+
+    # An upload killed half-way leaves a version nobody points at: ignored.
+    store._fs.pipe_file(store.path("checkpoints/s/1/v99999999999999999999/state"), b"half")
+    assert store.get_checkpoint("checkpoints/s/1", tmp_path / "after-kill")
+    assert (tmp_path / "after-kill" / "state").read_bytes() == b"epoch 2"
+    # ... and the next whole upload clears it away.
+    (tmp_path / "ckpt" / "state").write_bytes(b"epoch 3")
+    store.put_checkpoint(tmp_path / "ckpt", "checkpoints/s/1")
+    assert len(store._fs.ls(store.path("checkpoints/s/1"))) == 2
+    assert store.get_checkpoint("checkpoints/s/1", tmp_path / "back")
+    assert (tmp_path / "back" / "state").read_bytes() == b"epoch 3"
+
+
+def test_a_local_checkpoint_is_a_plain_directory(tmp_path: Path) -> None:
+    store = ArtifactStore(str(tmp_path / "store"))
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "state").write_bytes(b"epoch 1")
+    store.put_checkpoint(tmp_path / "ckpt", "checkpoints/s/1")
+    assert (tmp_path / "store" / "checkpoints" / "s" / "1" / "state").read_bytes() == b"epoch 1"
+    assert store.get_checkpoint("checkpoints/s/1", tmp_path / "back")
+    assert (tmp_path / "back" / "state").read_bytes() == b"epoch 1"
+
+
 def test_bad_trainer_settings_stop_start_up_naming_the_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
