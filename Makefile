@@ -20,7 +20,7 @@ EXTRAS ?= dev ingest transform tuner tuner-gp $(FRAMEWORKS) client bench
 STAMPS := .setup-stamps
 PROTOS := $(shell find proto -name '*.proto')
 
-.PHONY: help demo setup system-deps venv proto jars test test-unit test-integration lint bench infra-up infra-down clean
+.PHONY: help demo setup system-deps venv proto jars test test-unit test-integration lint bench gpu-check infra-up infra-down clean
 
 help:
 	@echo "make demo     set up, then run the whole stack end to end (DEMO_ARGS=--keep leaves it up)"
@@ -28,6 +28,7 @@ help:
 	@echo "make test     set up, then run every test (unit + integration on a real Kafka and Redis)"
 	@echo "make lint     ruff and mypy"
 	@echo "make bench    benchmarks against their peers (needs: aistack infra up)"
+	@echo "make gpu-check  every training strategy on this machine's GPUs (GPU=1 for TensorFlow's CUDA build)"
 	@echo "make proto    regenerate shared/contracts from proto/"
 
 setup: system-deps venv proto jars
@@ -85,6 +86,11 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy shared compose loadgen svc_ingest svc_transform svc_tuner svc_trainer svc_model
+
+# Every strategy on the GPUs, and the trainer against a plain loop; on a
+# machine without a GPU it says so and exits 0.
+gpu-check: setup
+	$(PY) bench/trainer_gpu.py
 
 bench: setup
 	$(PY) bench/bus_throughput.py

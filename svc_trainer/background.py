@@ -74,7 +74,8 @@ class InOrder:
 
 
 class Uploads:
-    """Directories into the artifact store, on a thread of its own.
+    """Checkpoint directories into the artifact store (``put_checkpoint``), on
+    a thread of its own.
 
     ``submit`` takes a snapshot of the directory at once (hard links: a
     runner replaces checkpoint files, never rewrites them in place) and

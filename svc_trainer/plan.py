@@ -321,6 +321,21 @@ class Runner(Protocol):
         Called after every trial, whatever became of it."""
 
 
+def check_replicas_fit(strategy: str, replicas: int, gpus: int) -> None:
+    """Refuse (TrialError, invalid_params) more replicas of a data-parallel
+    strategy on a node than it has GPUs. NCCL cannot put two ranks on one GPU
+    ("Duplicate GPU detected"), and sharing a GPU through gloo would stage
+    every all-reduce in host memory and run slower than one replica alone:
+    a trial asking for more processes than GPUs is a mistake worth naming,
+    as torchrun users know it. ``gpus == 0`` (a CPU run) refuses nothing."""
+    if gpus and replicas > gpus:
+        raise TrialError(
+            f"{strategy}: world_size {replicas} on this node, but it has {gpus} GPU(s); "
+            f"one replica per GPU: set task.world_size to at most {gpus}, or device cpu",
+            reason="invalid_params",
+        )
+
+
 def classification_metrics(loss: float, val_loss: float, val_accuracy: float) -> dict[str, float]:
     """Names every runner reports for a classifier (the objective picks one)."""
     return {

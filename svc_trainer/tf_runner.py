@@ -6,10 +6,15 @@ Strategies (``spec.strategy``):
   GPU (unless ``spec.device == "cpu"``), else the CPU; Keras ``model.fit``.
 - ``mirrored``: MirroredStrategy over the local GPUs (NCCL all-reduce) or, on a
   CPU-only host, over ``world_size`` (default 2) logical CPU devices.
+- ``central_storage``: CentralStorageStrategy: the variables live on one
+  device (the CPU, or the one GPU when there is a single one) and the compute
+  is mirrored over the local GPUs, or ``world_size`` (default 2) logical CPU
+  devices; Keras ``model.fit``.
 - ``multi_worker_mirrored``: synchronous data parallelism over ``world_size``
-  (default 2) worker processes: this process is worker 0, the others are
-  started by ``tf_cluster`` on free localhost ports (or ``spec.tf_config``
-  names a multi-node cluster). RING collectives on CPUs, NCCL on GPUs. At the
+  (default: one per GPU, else 2) worker processes: this process is worker 0,
+  the others are started by ``tf_cluster`` on free localhost ports (or
+  ``spec.tf_config`` names a multi-node cluster). RING collectives on CPUs;
+  NCCL on GPUs, one GPU per worker (more workers than GPUs is refused). At the
   end of each epoch the chief's stop decision is all-reduced, so every worker
   stops after the same epoch.
 - ``parameter_server``: asynchronous ParameterServerStrategy. This process is
@@ -28,6 +33,7 @@ Keras model, which outputs logits (classification) or the prediction
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import math
@@ -38,7 +44,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -56,6 +62,7 @@ from svc_trainer.plan import (
     TensorSig,
     TrialError,
     as_test_metrics,
+    check_replicas_fit,
     classification_metrics,
     learning_rate,
     regression_metrics,
@@ -66,9 +73,12 @@ log = get_logger("svc_trainer")
 
 ONE_DEVICE = "one_device"
 MIRRORED = "mirrored"
+CENTRAL_STORAGE = "central_storage"
 MULTI_WORKER = "multi_worker_mirrored"
 PARAMETER_SERVER = "parameter_server"
-STRATEGIES = (ONE_DEVICE, MIRRORED, MULTI_WORKER, PARAMETER_SERVER)
+STRATEGIES = (ONE_DEVICE, MIRRORED, CENTRAL_STORAGE, MULTI_WORKER, PARAMETER_SERVER)
+# One process, Keras fit, replicas on this node's devices.
+_LOCAL_STRATEGIES = (ONE_DEVICE, MIRRORED, CENTRAL_STORAGE)
 _ALIASES = {"": ONE_DEVICE, "single": ONE_DEVICE}
 EXPORT_FORMAT = "tf_saved_model"
 CHECKPOINTS_KEPT = 2
@@ -132,8 +142,23 @@ def check(spec: RunSpec, data: DataSplits) -> str:
         raise TrialError("device=cuda but this host has no GPU", reason="invalid_params")
     if strategy == PARAMETER_SERVER:
         _ps_count(spec)
+    if strategy == MULTI_WORKER and not spec.tf_config:
+        check_replicas_fit(strategy, _local_workers(spec), _local_gpus(spec))
+    elif strategy in (MIRRORED, CENTRAL_STORAGE):
+        check_replicas_fit(strategy, spec.world_size, _local_gpus(spec))
     _given_role(spec, strategy)
     return strategy
+
+
+def _local_gpus(spec: RunSpec) -> int:
+    """The GPUs a trial on this host trains on (none with ``device: cpu``)."""
+    return 0 if spec.device == "cpu" else len(_tf().config.list_physical_devices("GPU"))
+
+
+def _local_workers(spec: RunSpec) -> int:
+    """A local MultiWorkerMirrored cluster's size: ``world_size``, else one
+    worker per GPU, else 2."""
+    return spec.world_size if spec.world_size > 0 else (_local_gpus(spec) or 2)
 
 
 # -- run and train -----------------------------------------------------------------------
@@ -275,7 +300,7 @@ def _ps_count(spec: RunSpec) -> int:
 
 def _given_role(spec: RunSpec, strategy: str) -> Role | None:
     """This process's task in the cluster ``spec.tf_config`` names, if any."""
-    if strategy in (ONE_DEVICE, MIRRORED) or not spec.tf_config:
+    if strategy in _LOCAL_STRATEGIES or not spec.tf_config:
         return None
     role = tf_cluster.parse_tf_config(spec.tf_config)
     needs = ("worker",) if strategy == MULTI_WORKER else ("worker", "ps")
@@ -296,10 +321,10 @@ def _given_role(spec: RunSpec, strategy: str) -> Role | None:
 def _local_role(spec: RunSpec, strategy: str) -> Role:
     """No cluster for a single-process strategy; else the chief of a new
     localhost cluster (fresh ports on every call)."""
-    if strategy in (ONE_DEVICE, MIRRORED):
+    if strategy in _LOCAL_STRATEGIES:
         return Role()
     if strategy == MULTI_WORKER:
-        return tf_cluster.local_multi_worker(spec.world_size if spec.world_size > 0 else 2)
+        return tf_cluster.local_multi_worker(_local_workers(spec))
     return tf_cluster.local_parameter_server(
         spec.world_size if spec.world_size > 0 else 1, _ps_count(spec)
     )
@@ -321,14 +346,14 @@ def _configure(spec: RunSpec, strategy: str, role: Role) -> _Devices:
             tf.config.set_visible_devices([], "GPU")
             gpus = []
         elif gpus and role.local and strategy == MULTI_WORKER:
-            # Local workers share the node's GPUs round-robin, one each.
-            mine = gpus[role.task_index % len(gpus)]
+            # One GPU per local worker (``check`` refused more workers than GPUs).
+            mine = gpus[role.task_index]
             tf.config.set_visible_devices([mine], "GPU")
             gpus = [mine]
         threading = tf.config.threading
         if spec.threads > 0 and threading.get_intra_op_parallelism_threads() != spec.threads:
             threading.set_intra_op_parallelism_threads(spec.threads)
-        if strategy == MIRRORED and not gpus:
+        if strategy in (MIRRORED, CENTRAL_STORAGE) and not gpus:
             cpu = tf.config.list_physical_devices("CPU")[0]
             replicas = spec.world_size if spec.world_size > 0 else 2
             tf.config.set_logical_device_configuration(
@@ -346,22 +371,18 @@ def _strategy(spec: RunSpec, name: str, role: Role, devices: _Devices) -> Any:
     tf = _tf()
     if name == ONE_DEVICE:
         return tf.distribute.OneDeviceStrategy("/gpu:0" if devices.gpus else "/cpu:0")
-    if name == MIRRORED:
-        if devices.gpus:
-            count = min(spec.world_size, devices.gpus) if spec.world_size > 0 else devices.gpus
-            return tf.distribute.MirroredStrategy(
-                devices=[f"/gpu:{i}" for i in range(count)],
-                cross_device_ops=tf.distribute.NcclAllReduce(),
+    if name in (MIRRORED, CENTRAL_STORAGE):
+        replicas = _replica_devices(spec, name, devices)
+        if name == CENTRAL_STORAGE:
+            # Variables on the CPU, unless one GPU computes alone.
+            parameters = replicas[0] if len(replicas) == 1 else "/cpu:0"
+            return tf.distribute.experimental.CentralStorageStrategy(
+                compute_devices=replicas, parameter_device=parameters
             )
-        replicas = spec.world_size if spec.world_size > 0 else 2
-        cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
-        if len(cpus) < replicas:
-            raise RuntimeError(
-                f"mirrored needs {replicas} logical CPUs, the runtime has {len(cpus)}: "
-                "it started before the runner could configure them (not a fresh process)"
-            )
+        reduce = tf.distribute.NcclAllReduce() if devices.gpus else None
         return tf.distribute.MirroredStrategy(
-            devices=cpus[:replicas], cross_device_ops=tf.distribute.ReductionToOneDevice()
+            devices=replicas,
+            cross_device_ops=reduce or tf.distribute.ReductionToOneDevice(),
         )
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({k: list(v) for k, v in role.cluster.items()}),
@@ -378,6 +399,25 @@ def _strategy(spec: RunSpec, name: str, role: Role, devices: _Devices) -> Any:
             cluster_resolver=resolver, communication_options=options
         )
     return tf.distribute.experimental.ParameterServerStrategy(resolver)
+
+
+def _replica_devices(spec: RunSpec, name: str, devices: _Devices) -> list[str]:
+    """The devices a one-process multi-replica strategy computes on: every
+    local GPU (``world_size`` of them when set), else ``world_size`` (2)
+    logical CPU devices."""
+    tf = _tf()
+    if devices.gpus:
+        # ``check`` refused more replicas than GPUs.
+        count = spec.world_size if spec.world_size > 0 else devices.gpus
+        return [f"/gpu:{i}" for i in range(count)]
+    replicas = spec.world_size if spec.world_size > 0 else 2
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if len(cpus) < replicas:
+        raise RuntimeError(
+            f"{name} needs {replicas} logical CPUs, the runtime has {len(cpus)}: "
+            "it started before the runner could configure them (not a fresh process)"
+        )
+    return cpus[:replicas]
 
 
 def _train(
@@ -399,7 +439,7 @@ def _train(
         gpus=devices.gpus,
         mixed_precision=devices.mixed_precision,
     )
-    if strategy_name in (ONE_DEVICE, MIRRORED):
+    if strategy_name in _LOCAL_STRATEGIES:
         return _train_fit(spec, data, channel, strategy)
     return _train_custom(spec, data, channel, strategy, strategy_name, role, scratch)
 
@@ -614,11 +654,30 @@ class _EpochLoop:
                 self._model.stop_training = True
 
 
+def _replica_updated_state(strategy: Any) -> contextlib.AbstractContextManager[Any]:
+    """Under CentralStorageStrategy every variable is one copy that replicas
+    update through an aggregation, and Keras' random-seed state (Dropout's)
+    has none ("You must specify an aggregation method to update a
+    AggregatingVariable in Replica Context"): such state takes the first
+    replica's update. Other strategies create their variables unchanged."""
+    tf = _tf()
+    if not isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy):
+        return contextlib.nullcontext()
+    none = tf.VariableAggregation.NONE
+
+    def creator(next_creator: Callable[..., Any], **kwargs: Any) -> Any:
+        if kwargs.get("aggregation") in (None, none) and not kwargs.get("trainable", True):
+            kwargs["aggregation"] = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        return next_creator(**kwargs)
+
+    return cast(contextlib.AbstractContextManager[Any], tf.variable_creator_scope(creator))
+
+
 def _train_fit(
     spec: RunSpec, data: DataSplits, channel: Channel, strategy: Any
 ) -> tuple[RunResult, Any]:
     hp = spec.hparams
-    with strategy.scope():
+    with strategy.scope(), _replica_updated_state(strategy):
         model = tf_models.build_model(spec.model_family, hp, data)
         tf_models.compile_model(model, hp, data.task)
         # Built now, so that a checkpoint restores the optimizer's slots too.
@@ -937,8 +996,9 @@ class TensorFlowRunner:
     def fresh_process(self, spec: RunSpec) -> bool:
         """MultiWorkerMirrored and the parameter-server coordinator configure
         the runtime's collectives and cluster, which must happen before the
-        runtime starts; so do logical CPU devices (``mirrored`` without GPUs)
-        and hiding the GPUs (``device: cpu`` on a GPU host)."""
+        runtime starts; so do logical CPU devices (``mirrored`` and
+        ``central_storage`` without GPUs) and hiding the GPUs (``device:
+        cpu`` on a GPU host)."""
         try:
             strategy = strategy_of(spec)
         except TrialError:
@@ -946,7 +1006,7 @@ class TensorFlowRunner:
         gpus = bool(_tf().config.list_physical_devices("GPU"))
         return (
             strategy in (MULTI_WORKER, PARAMETER_SERVER)
-            or (strategy == MIRRORED and not gpus)
+            or (strategy in (MIRRORED, CENTRAL_STORAGE) and not gpus)
             or (spec.device == "cpu" and gpus)
         )
 

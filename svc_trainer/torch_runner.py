@@ -10,8 +10,8 @@
   is rank 0, the only one that talks to the channel and writes checkpoints;
   the ranks agree on stopping through an all-reduce of a tensor on their own
   device (NCCL reduces CUDA tensors only), so they always stop at the same
-  batch. More ranks than GPUs is refused before any rank starts (see
-  ``check_ranks_fit``).
+  batch. More ranks than GPUs is refused before any rank starts
+  (``plan.check_replicas_fit``).
 - ``model_parallel``: the network's layers split over two devices (two GPUs
   when present, else two CPU stages), activations moved between them.
 
@@ -57,6 +57,7 @@ from svc_trainer.plan import (
     StopReason,
     TrialError,
     as_test_metrics,
+    check_replicas_fit,
     classification_metrics,
     learning_rate,
     regression_metrics,
@@ -351,8 +352,10 @@ class _Loop:
             # Summed on the device: a .item() per batch would wait for it.
             total += loss.detach().double() * len(xb)
             seen += len(xb)
+        # float() waits for the device: the epoch's time includes its last kernels.
+        local_loss = float(total)
         elapsed = time.perf_counter() - started
-        loss_sum, samples, elapsed_sum = self.group.total(float(total), seen, elapsed)
+        loss_sum, samples, elapsed_sum = self.group.total(local_loss, seen, elapsed)
         # Ranks run side by side: throughput is all samples over the epoch's
         # mean wall time.
         wall = elapsed_sum / self.group.world_size
@@ -442,27 +445,12 @@ def ddp_world_size(spec: RunSpec) -> int:
     return torch.cuda.device_count() if _use_cuda(spec.device) else 2
 
 
-def check_ranks_fit(ranks_on_node: int, gpus: int) -> None:
-    """Refuse (TrialError, invalid_params) more DDP ranks on a node than it
-    has GPUs. NCCL cannot put two ranks on one GPU ("Duplicate GPU
-    detected"), and sharing one through gloo would stage every all-reduce in
-    host memory and run slower than one rank alone; a trial that wants more
-    processes than GPUs is a mistake worth naming, as torchrun users know it."""
-    if ranks_on_node > gpus:
-        raise TrialError(
-            f"ddp: world_size {ranks_on_node} on this node, but it has {gpus} GPU(s); "
-            "NCCL runs one rank per GPU: set task.world_size to at most "
-            f"{gpus}, or device cpu to run the ranks on CPUs",
-            reason="invalid_params",
-        )
-
-
 def _ddp(
     spec: RunSpec, data: DataSplits, channel: Channel, model: nn.Sequential
 ) -> tuple[RunResult, nn.Sequential]:
     world = ddp_world_size(spec)
     if _use_cuda(spec.device):
-        check_ranks_fit(world, torch.cuda.device_count())
+        check_replicas_fit("ddp", world, torch.cuda.device_count())
     init = f"tcp://127.0.0.1:{_free_port()}"
     context = _rank_context()
     ranks = [
@@ -526,7 +514,7 @@ def train_under_launcher(
     torch.manual_seed(spec.seed)
     model = check(spec, data)
     if _use_cuda(spec.device):
-        check_ranks_fit(local_world, torch.cuda.device_count())
+        check_replicas_fit("ddp", local_world, torch.cuda.device_count())
     return _ddp_train(
         rank,
         world,
@@ -640,7 +628,6 @@ __all__ = [
     "STRATEGIES",
     "TwoStage",
     "check",
-    "check_ranks_fit",
     "data_placement",
     "export",
     "run",

@@ -388,6 +388,13 @@ def test_mirrored_over_two_logical_cpus(tmp_path: Path) -> None:
     assert_no_children_left(run, expected=0)
 
 
+def test_central_storage_over_two_logical_cpus(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, strategy="central_storage", world_size=2)
+    run = run_fresh(spec, digits())
+    assert_trained_two_epochs(run, spec)
+    assert_no_children_left(run, expected=0)
+
+
 def test_parameter_server_with_one_worker_and_one_ps(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, strategy="parameter_server", world_size=1, options={"ps": "1"})
     run = run_fresh(spec, digits())

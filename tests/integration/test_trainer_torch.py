@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from svc_trainer import torch_runner
-from svc_trainer.plan import Hyperparams, StopReason, TrialError
-from tests.infra import free_port
+from svc_trainer.plan import Hyperparams, StopReason, TrialError, check_replicas_fit
 from tests.integration import torch_group
 from tests.integration.trainer_support import (
     RecordingChannel,
@@ -100,29 +99,18 @@ def test_the_ranks_agree_and_sum_on_their_own_device_under_gloo() -> None:
     """The collectives DDP's stop checks and epoch totals use, over a real
     two-rank group; on GPUs the same code reduces CUDA tensors under NCCL
     (tests/integration/test_trainer_gpu.py)."""
-    context = torch.multiprocessing.get_context("forkserver")
-    out = context.Queue()
-    init = f"tcp://127.0.0.1:{free_port()}"
-    other = context.Process(
-        target=torch_group.reduce_in_child,
-        args=(1, 2, init, False, int(StopReason.PRUNE), (3.0, 4.0), out),
-    )
-    other.start()
-    try:
-        mine = torch_group.reduce_as_rank(0, 2, init, False, int(StopReason.NONE), (1.0, 2.0))
-        theirs = out.get(timeout=60)
-    finally:
-        other.join(timeout=30)
+    mine, theirs = torch_group.reduce_over_two_ranks(cuda=False)
     # Rank 1 asked to stop: both stop; the totals are the sums.
     assert mine == theirs == (int(StopReason.PRUNE), [4.0, 6.0], "cpu")
 
 
-def test_more_ranks_than_gpus_is_refused_naming_both() -> None:
-    with pytest.raises(TrialError, match=r"world_size 2 .* 1 GPU") as refused:
-        torch_runner.check_ranks_fit(2, gpus=1)
+@pytest.mark.parametrize("strategy", ["ddp", "multi_worker_mirrored", "mirrored"])
+def test_more_replicas_than_gpus_is_refused_naming_both(strategy: str) -> None:
+    with pytest.raises(TrialError, match=rf"{strategy}: world_size 2 .* 1 GPU") as refused:
+        check_replicas_fit(strategy, 2, gpus=1)
     assert refused.value.reason == "invalid_params"
-    torch_runner.check_ranks_fit(2, gpus=2)
-    torch_runner.check_ranks_fit(1, gpus=8)
+    check_replicas_fit(strategy, 2, gpus=2)
+    check_replicas_fit(strategy, 4, gpus=0)  # CPUs: as many ranks as asked
 
 
 def test_training_data_goes_to_the_gpu_when_it_fits_else_pinned_memory() -> None:

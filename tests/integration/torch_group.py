@@ -38,6 +38,26 @@ def reduce_as_rank(
         dist.destroy_process_group()
 
 
+def reduce_over_two_ranks(cuda: bool) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """Rank 0 here (stop: NONE, values 1 and 2) and rank 1 in a child (stop:
+    PRUNE, values 3 and 4); returns each rank's ``reduce_as_rank``."""
+    from tests.infra import free_port
+
+    context = torch.multiprocessing.get_context("spawn" if cuda else "forkserver")
+    out = context.Queue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    other = context.Process(
+        target=reduce_in_child, args=(1, 2, init, cuda, int(StopReason.PRUNE), (3.0, 4.0), out)
+    )
+    other.start()
+    try:
+        mine = reduce_as_rank(0, 2, init, cuda, int(StopReason.NONE), (1.0, 2.0))
+        theirs = out.get(timeout=120)
+    finally:
+        other.join(timeout=60)
+    return mine, theirs
+
+
 def reduce_in_child(
     rank: int, world: int, init: str, cuda: bool, stop: int, values: tuple[float, ...], out: Any
 ) -> None:
