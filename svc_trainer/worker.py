@@ -408,6 +408,9 @@ class Worker:
                     trial_id=message.trial_id,
                     action=tuning_pb2.ControlAction.Name(message.action),
                     step=message.step,
+                    # The last epoch reported when the request arrived: the
+                    # run stops within the epoch after it.
+                    reached=running.last_step,
                 )
             else:
                 self._controls[message.trial_id] = reason

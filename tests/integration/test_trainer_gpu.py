@@ -26,7 +26,7 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = pytest.mark.skipif(
     GPUS == 0, reason="no CUDA device here: the GPU tests run on a machine with one"
 )
-two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 GPUs, this machine has {GPUS}")
+two_gpus = pytest.mark.skipif(0 < GPUS < 2, reason=f"needs 2 GPUs, this machine has {GPUS}")
 DIGITS = digits_splits()
 
 

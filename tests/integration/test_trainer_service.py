@@ -177,9 +177,17 @@ def test_a_prune_message_stops_the_trial_within_one_epoch(shared_stack: Stack) -
 
     final = shared_stack.final(request.trial_id, timeout=120)
     assert final.WhichOneof("event") == "pruned", final
-    assert final.pruned.step <= seen + 1
+    # Within one epoch of the trainer reading the request (the bus's own
+    # latency is not the trainer's to promise: epochs here take about a second).
+    [received] = [
+        event
+        for event in shared_stack.trainers[0].log_events("trial.stop_requested")
+        if event["trial_id"] == request.trial_id
+    ]
+    assert received["reached"] >= seen
+    assert final.pruned.step <= received["reached"] + 1
     steps = [r.progress.step for r in shared_stack.reports(request.trial_id) if r.progress.step]
-    assert max(steps) <= seen + 1
+    assert max(steps) <= received["reached"] + 1
     assert not [
         m
         for m in shared_stack.recorder.messages(shared_stack.topics.models)
