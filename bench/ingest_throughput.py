@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from shared.bus.producer import BusProducer  # noqa: E402
 from shared.bus.topics import TopicSpec, ensure_topics  # noqa: E402
+from shared.ports import free_port  # noqa: E402
 from shared.settings import KafkaSettings, load_settings  # noqa: E402
 
 GOAL_RATIO = 0.5
@@ -128,7 +129,7 @@ def run_passthrough(source: str, count: int) -> float:
 def run_worker(kafka: KafkaSettings, source: str, count: int, state: Path) -> float:
     """Start a worker on ``source``; its rate from first to last record, by its counter."""
     suffix = uuid.uuid4().hex[:8]
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "AISTACK_KAFKA_BOOTSTRAP": kafka.bootstrap,
@@ -182,14 +183,6 @@ def read_metric(port: int, series: str) -> float:
         return 0.0
     wanted = f"{series} "
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def main() -> int:

@@ -85,6 +85,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from shared.ports import free_port  # noqa: E402  (the standard library only)
+
 # Only the standard library and numpy at module level: the client processes are
 # spawned, so they import this module again, and there tritonclient must be
 # the one owner of the protobuf package ``inference`` (kserve and aistack's
@@ -443,12 +445,6 @@ def _metric(port: int, series: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(series))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _spawn(
     name: str, command: list[str], env: dict[str, str], state: Path, port: int, stdin: bool = False
 ) -> Server:
@@ -468,7 +464,7 @@ def _spawn(
 def start_aistack(batching: bool, topics: tuple[str, str], state: Path, threads: int) -> Server:
     from shared.settings import KafkaSettings, RedisSettings, load_settings
 
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     name = AISTACK_BATCHED if batching else AISTACK_UNBATCHED
     directory = state / name.replace(" ", "-")
     directory.mkdir()
@@ -492,7 +488,7 @@ def start_aistack(batching: bool, topics: tuple[str, str], state: Path, threads:
 
 def start_kserve(state: Path, threads: int) -> Server:
     """KServe's server, importing; ``Server.give_model`` tells it what to load."""
-    port = _free_port()
+    port = free_port()
     command = [
         sys.executable,
         str(ROOT / "bench" / "serving_kserve.py"),
@@ -503,7 +499,7 @@ def start_kserve(state: Path, threads: int) -> Server:
         "--grpc_port",
         str(port),
         "--http_port",
-        str(_free_port()),
+        str(free_port()),
         "--threads",
         str(threads),
     ]

@@ -47,6 +47,7 @@ import ingest_throughput  # noqa: E402
 from shared.bus.producer import BusProducer  # noqa: E402
 from shared.bus.topics import TopicSpec, ensure_topics  # noqa: E402
 from shared.contracts.aistack.v1 import events_pb2, features_pb2  # noqa: E402
+from shared.ports import free_port  # noqa: E402
 from shared.settings import KafkaSettings, RedisSettings, load_settings  # noqa: E402
 
 GOAL_RATIO = 1.0
@@ -65,7 +66,7 @@ def clean_event(i: int, at: float, entities: int = 200) -> events_pb2.CleanEvent
 
 class Job:
     def __init__(self, kafka: KafkaSettings, suffix: str, state: Path, **env: str) -> None:
-        self.port = ingest_throughput._free_port()
+        self.port = free_port()
         self.clean = f"bench.clean.{suffix}"
         self.features = f"bench.features.{suffix}"
         ensure_topics(

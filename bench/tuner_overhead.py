@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import optuna  # noqa: E402
-from ingest_throughput import _free_port, read_metric  # noqa: E402
+from ingest_throughput import read_metric  # noqa: E402
 
 from compose.study import load_spec  # noqa: E402
 from shared.bus.consumer import BusConsumer  # noqa: E402
@@ -50,6 +50,7 @@ from shared.contracts.aistack.v1 import tuner_service_pb2 as api  # noqa: E402
 from shared.contracts.aistack.v1 import tuning_pb2  # noqa: E402
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub  # noqa: E402
 from shared.errors import Unavailable  # noqa: E402
+from shared.ports import free_port  # noqa: E402
 from shared.rpc.client import open_channel  # noqa: E402
 from shared.settings import KafkaSettings, RedisSettings, load_settings  # noqa: E402
 from svc_tuner.settings import topic_specs  # noqa: E402
@@ -142,8 +143,8 @@ class TunerUnderTest:
             topic_specs(**self.topics),
             partitions=6,
         )
-        self.grpc = f"127.0.0.1:{_free_port()}"
-        self.metrics_port = _free_port()
+        self.grpc = f"127.0.0.1:{free_port()}"
+        self.metrics_port = free_port()
         env = {
             **os.environ,
             "AISTACK_KAFKA_BOOTSTRAP": self.kafka.bootstrap,

@@ -23,6 +23,9 @@ from typing import Any
 from shared.errors import FailedPrecondition
 
 _CHUNK = 1 << 20
+# A PyTorch model's file in its artifact directory: the trainer writes it, the
+# model server loads it (``torch.export``'s format).
+TORCH_EXPORT_FILE = "model.pt2"
 # The file naming a remote checkpoint's current version (``put_checkpoint``).
 _LATEST = "LATEST"
 

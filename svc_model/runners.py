@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shared.artifacts import digest, local_path
+from shared.artifacts import TORCH_EXPORT_FILE, digest, local_path
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import AistackError
 from shared.log import get_logger
@@ -27,7 +27,6 @@ from svc_model.tensors import TensorSig
 log = get_logger("svc_model")
 
 #: What svc_trainer writes inside a torch.export artifact directory.
-TORCH_EXPORT_FILE = "model.pt2"
 TORCHSCRIPT_FILE = "model.pt"
 SERVING_SIGNATURE = "serving_default"
 

@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from shared.log import configure_logging, get_logger
+from shared.ports import free_ports
 from svc_trainer.lifetime import die_with_parent
 from svc_trainer.plan import DataSplits, Hyperparams, RunSpec, TrialError
 
@@ -109,21 +109,6 @@ def parse_tf_config(text: str) -> Role:
             reason="invalid_params",
         )
     return Role(cluster, task_type, task_index, local=False)
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct localhost ports that were free a moment ago.
-
-    All sockets stay bound until every port is picked, so the ports differ;
-    another process may still take one before TensorFlow binds it (rare: the
-    kernel hands out ephemeral ports round-robin)."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind(("127.0.0.1", 0))
-            ports.append(int(sock.getsockname()[1]))
-        return ports
 
 
 def local_multi_worker(workers: int) -> Role:

@@ -26,7 +26,6 @@ import copy
 import hashlib
 import math
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -44,7 +43,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
+from shared.artifacts import TORCH_EXPORT_FILE
 from shared.log import get_logger
+from shared.ports import free_port
 from svc_trainer import torch_models
 from svc_trainer.lifetime import die_with_parent
 from svc_trainer.plan import (
@@ -68,7 +69,6 @@ log = get_logger("svc_trainer")
 STRATEGIES = ("single", "ddp", "model_parallel")
 _ALIASES = {"": "single", "one_device": "single"}
 CHECKPOINT_FILE = "torch-checkpoint.pt"
-EXPORT_FILE = "model.pt2"
 # DDP ranks agree on stopping every this many batches (an all-reduce of one
 # number); single-process runs ask the channel every batch.
 _DDP_STOP_EVERY = 16
@@ -145,7 +145,7 @@ def export(model: nn.Module, data: DataSplits, export_dir: Path) -> Path:
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     program = torch.export.export(served, (example,), dynamic_shapes=({0: batch},))
     export_dir.mkdir(parents=True, exist_ok=True)
-    path = export_dir / EXPORT_FILE
+    path = export_dir / TORCH_EXPORT_FILE
     torch.export.save(program, str(path))
     return path
 
@@ -451,7 +451,7 @@ def _ddp(
     world = ddp_world_size(spec)
     if _use_cuda(spec.device):
         check_replicas_fit("ddp", world, torch.cuda.device_count())
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     context = _rank_context()
     ranks = [
         context.Process(target=_ddp_rank, args=(rank, world, init, spec, data), daemon=False)
@@ -576,12 +576,6 @@ def _ddp_train(
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class TorchRunner:
     """``plan.Runner`` for PyTorch."""
 
@@ -603,7 +597,7 @@ class TorchRunner:
                 (torch.zeros(2, 2, 2),),
                 dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=1 << 20)},),
             )
-            torch.export.save(program, str(Path(scratch) / EXPORT_FILE))
+            torch.export.save(program, str(Path(scratch) / TORCH_EXPORT_FILE))
 
     def fresh_process(self, spec: RunSpec) -> bool:
         return False
@@ -623,7 +617,6 @@ RUNNER = TorchRunner()
 
 __all__ = [
     "CHECKPOINT_FILE",
-    "EXPORT_FILE",
     "RUNNER",
     "STRATEGIES",
     "TwoStage",

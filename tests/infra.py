@@ -8,7 +8,6 @@ else testcontainers when a Docker engine answers; else the local launcher
 from __future__ import annotations
 
 import os
-import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -20,6 +19,7 @@ from confluent_kafka import Consumer
 
 from compose.local import LocalStack
 from compose.settings import InfraSettings
+from shared.ports import free_ports
 from shared.settings import CommonSettings, KafkaSettings, RedisSettings
 
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.9.1"  # Apache Kafka 3.9, as the local launcher
@@ -46,16 +46,6 @@ def docker_available() -> bool:
         return False
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports: all are held until all are chosen, so the
-    kernel cannot hand the same one out twice."""
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-
-
 def wait_until(condition: Callable[[], bool], timeout: float, message: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -75,10 +65,6 @@ def metric_value(port: int, name: str, labels: str = "") -> float:
         return 0.0
     wanted = f"{name}{labels} "
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
 
 
 @contextmanager

@@ -16,10 +16,11 @@ from confluent_kafka import Consumer
 from loadgen.records import RawRecord
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import events_pb2
+from shared.ports import free_port
 from shared.settings import KafkaSettings
 from svc_ingest.app import prepare_topics
 from svc_ingest.settings import IngestSettings
-from tests.infra import Infra, free_port, metric_value
+from tests.infra import Infra, metric_value
 
 READY_LINE = "Worker ready"
 

@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from shared.artifacts import digest
+from shared.artifacts import TORCH_EXPORT_FILE, digest
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import common_pb2, models_pb2
 from shared.contracts.inference import grpc_predict_v2_pb2 as pb
@@ -84,7 +84,7 @@ def export_regressor(directory: Path, width: int) -> Artifact:
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     program = torch.export.export(model, (torch.zeros(2, width),), dynamic_shapes=({0: batch},))
     directory.mkdir(parents=True)
-    torch.export.save(program, str(directory / "model.pt2"))
+    torch.export.save(program, str(directory / TORCH_EXPORT_FILE))
     sha, size = digest(directory)
     return Artifact(TORCH, directory, sha, size)
 
@@ -218,14 +218,6 @@ def probabilities(response: pb.ModelInferResponse) -> np.ndarray:
     else:
         flat = np.asarray(out.contents.fp32_contents, dtype=np.float32)
     return flat.reshape(tuple(out.shape))
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for_port(port: int, timeout: float, process: Any) -> None:

@@ -11,8 +11,9 @@ import pytest
 
 from compose.local import LocalStack, PortTaken
 from compose.settings import InfraSettings
+from shared.ports import free_ports
 from shared.settings import CommonSettings
-from tests.infra import Infra, free_ports
+from tests.infra import Infra
 
 pytestmark = pytest.mark.integration
 

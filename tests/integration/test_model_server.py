@@ -16,9 +16,11 @@ import grpc
 import numpy as np
 import pytest
 
+from shared.artifacts import TORCH_EXPORT_FILE
 from shared.bus.consumer import BusConsumer
 from shared.bus.topics import ensure_topics
 from shared.contracts.aistack.v1 import events_pb2
+from shared.ports import free_port
 from tests.infra import Infra
 from tests.integration import model_support as ms
 
@@ -59,7 +61,7 @@ def in_process(artifact: ms.Artifact, x: np.ndarray) -> np.ndarray:
     if artifact.framework == ms.TORCH:
         import torch
 
-        module = torch.export.load(str(artifact.directory / "model.pt2")).module()
+        module = torch.export.load(str(artifact.directory / TORCH_EXPORT_FILE)).module()
         with torch.inference_mode():
             return np.asarray(module(torch.from_numpy(x)).numpy())
     import tensorflow as tf
@@ -202,10 +204,10 @@ def test_a_tampered_artifact_is_refused_and_the_old_version_keeps_serving(
     ms.publish(infra, topics.models_topic, ms.event("guarded", 1, good, val_error=0.2))
     server = serve()  # type: ignore[operator]
     tampered = good.copy_to(tmp_path / "tampered")
-    with (tampered.directory / "model.pt2").open("ab") as handle:
+    with (tampered.directory / TORCH_EXPORT_FILE).open("ab") as handle:
         handle.write(b"\0 extra bytes")
     unloadable = good.copy_to(tmp_path / "unloadable")
-    (unloadable.directory / "model.pt2").write_bytes(b"not a torch program")
+    (unloadable.directory / TORCH_EXPORT_FILE).write_bytes(b"not a torch program")
     from shared.artifacts import digest
 
     unloadable_sha, _ = digest(unloadable.directory)
@@ -411,7 +413,7 @@ def test_python_m_svc_model_serves_and_stops_on_sigterm(
     tmp_path: Path,
 ) -> None:
     ms.publish(infra, topics.models_topic, ms.event("cli", 1, artifacts[ms.TORCH]))
-    port = ms.free_port()
+    port = free_port()
     env = {
         **os.environ,
         "AISTACK_KAFKA_BOOTSTRAP": infra.kafka.bootstrap,

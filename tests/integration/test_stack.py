@@ -18,8 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from compose.settings import InfraSettings, StackSettings
 from compose.stack import ServiceStack, ServiceStatus, _group_members, port_taken
 from shared.errors import Unavailable
+from shared.ports import free_ports
 from shared.settings import CommonSettings
-from tests.infra import free_ports, wait_until
+from tests.infra import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from shared.artifacts import TORCH_EXPORT_FILE
 from svc_trainer import torch_runner
 from svc_trainer.plan import Hyperparams, StopReason, TrialError
 from tests.integration import torch_group
@@ -37,7 +38,7 @@ def test_single_trains_in_bf16_on_the_gpu_with_its_data_resident_and_exports(
     spec = run_spec(tmp_path, device="cuda", epochs=3, hparams=Hyperparams())
     result = torch_runner.run(spec, DIGITS, channel)
     assert result.test_metrics["test_accuracy"] > 0.9, result.test_metrics
-    assert (tmp_path / "export" / torch_runner.EXPORT_FILE).is_file()
+    assert (tmp_path / "export" / TORCH_EXPORT_FILE).is_file()
     assert torch_runner.data_placement(DIGITS.x_train.nbytes, torch.device("cuda", 0), 1 << 30) == (
         "device"
     )

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from shared.artifacts import TORCH_EXPORT_FILE
 from svc_trainer import torch_runner
 from svc_trainer.plan import Hyperparams, StopReason, TrialError, check_replicas_fit
 from tests.integration import torch_group
@@ -44,7 +45,7 @@ def test_one_device_reports_every_epoch_and_exports(tmp_path: Path) -> None:
     assert [s.name for s in result.inputs] == ["input"]
     assert result.inputs[0].shape == (-1, 8, 8)
     assert result.outputs[0].name == "probabilities" and result.outputs[0].shape == (-1, 10)
-    assert (tmp_path / "export" / torch_runner.EXPORT_FILE).is_file()
+    assert (tmp_path / "export" / TORCH_EXPORT_FILE).is_file()
 
 
 def test_the_export_in_a_fresh_process_predicts_as_training_ended(tmp_path: Path) -> None:
@@ -84,7 +85,7 @@ def test_ddp_keeps_every_rank_identical(tmp_path: Path) -> None:
     assert [step for step, _ in channel.epochs()] == [1, 2, 3, 4]  # only rank 0 reports
     # Each rank saw half of every epoch, and together they learned.
     assert result.test_metrics["test_accuracy"] > 0.6
-    assert (tmp_path / "export" / torch_runner.EXPORT_FILE).is_file()
+    assert (tmp_path / "export" / TORCH_EXPORT_FILE).is_file()
 
 
 def test_ddp_ranks_stop_together(tmp_path: Path) -> None:
@@ -277,5 +278,5 @@ def test_torchrun_checkpoints_to_a_remote_store_every_epoch_and_resumes_after_a_
         assert str(done["model_uri"]).startswith(out)
         model = tmp_path / "model"
         assert ArtifactStore(out).get_dir("model", model)
-        assert (model / torch_runner.EXPORT_FILE).is_file()
+        assert (model / TORCH_EXPORT_FILE).is_file()
         assert digest(model)[0] == done["sha256"]

@@ -41,7 +41,7 @@ def reduce_as_rank(
 def reduce_over_two_ranks(cuda: bool) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Rank 0 here (stop: NONE, values 1 and 2) and rank 1 in a child (stop:
     PRUNE, values 3 and 4); returns each rank's ``reduce_as_rank``."""
-    from tests.infra import free_port
+    from shared.ports import free_port
 
     context = torch.multiprocessing.get_context("spawn" if cuda else "forkserver")
     out = context.Queue()

@@ -16,8 +16,9 @@ from shared.bus.topics import (
     TOPICS_BY_NAME,
     ensure_topics,
 )
+from shared.ports import free_port
 from shared.settings import KafkaSettings
-from tests.infra import Infra, free_port, metric_value
+from tests.infra import Infra, metric_value
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,11 @@ from shared.bus.consumer import BusConsumer
 from shared.bus.producer import BusProducer
 from shared.bus.topics import ensure_topics
 from shared.contracts.aistack.v1 import tuning_pb2
+from shared.ports import free_port
 from shared.settings import KafkaSettings
 from svc_tuner import spec as specs
 from svc_tuner.settings import topic_specs
-from tests.infra import Infra, free_port
+from tests.infra import Infra
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import urllib.request
 from prometheus_client import CollectorRegistry, Counter
 
 from shared.metrics import NAMESPACE, serve_metrics
-from tests.infra import free_port
+from shared.ports import free_port
 
 
 def test_metrics_are_served_over_http() -> None:

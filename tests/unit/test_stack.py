@@ -19,8 +19,8 @@ from compose.local import PortTaken
 from compose.settings import InfraSettings, StackSettings
 from compose.stack import ServiceStack, _group_members, follow, last_lines, port_taken
 from shared.errors import ConfigError, NotFound, Unavailable
+from shared.ports import free_ports
 from shared.settings import CommonSettings, load_settings
-from tests.infra import free_ports
 
 SERVICES = [
     "svc_ingest",
