@@ -11,7 +11,7 @@ models trained with one lag.
 Request parameters (Open Inference Protocol ``parameters``, strings):
 
 - ``entity_id`` — whose features;
-- ``feature`` — the online-store field, e.g. ``temperature@tumbling_1m``
+- ``feature`` — the online-store field, e.g. ``temperature@tumbling-60s``
   (defaults to the model's ``feature`` label when svc_trainer set one).
 """
 
@@ -67,7 +67,7 @@ class OnlineFeatures:
         if not field:
             raise InvalidArgument(
                 f"parameter {FEATURE_PARAMETER!r} is needed: which online-store field "
-                "(e.g. temperature@tumbling_1m) to read"
+                "(e.g. temperature@tumbling-60s) to read"
             )
         key = f"{self._prefix}{entity_id}"
         try:

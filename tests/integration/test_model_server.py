@@ -362,7 +362,7 @@ def test_entity_features_come_from_the_online_store(
     ms.publish(
         infra, topics.models_topic,
         ms.regressor_event(
-            "forecast", 1, artifact, width=len(FEATURE_STATS), feature="temp@tumbling_1m"
+            "forecast", 1, artifact, width=len(FEATURE_STATS), feature="temp@tumbling-60s"
         ),
     )  # fmt: skip
     prefix = f"features-{unique}:"
@@ -376,7 +376,7 @@ def test_entity_features_come_from_the_online_store(
         "p95": 22.8,
     }
     client = redis.Redis.from_url(infra.redis.url)
-    client.hset(f"{prefix}sensor-7", mapping={"temp@tumbling_1m": json.dumps(window)})
+    client.hset(f"{prefix}sensor-7", mapping={"temp@tumbling-60s": json.dumps(window)})
     client.close()
     server = serve(online_key_prefix=prefix)  # type: ignore[operator]
     from shared.contracts.inference import grpc_predict_v2_pb2 as pb
