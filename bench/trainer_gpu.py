@@ -4,7 +4,7 @@ plain loop, same run.
 
 Data: MNIST-shaped (60,000 training and 10,000 test images of 28x28, 10
 classes), written by this script as the four standard IDX files and read
-back through the trainer's own MNIST loader: each class is a random stroke
+back through the trainer's own MNIST loader: each class is a random pixel
 template plus noise, so the models learn. Every strategy trains the default
 CNN for 2 epochs at batch 1,024 (the global batch), each in a fresh process
 (TensorFlow's devices and precision are per process). The table gives the
@@ -118,7 +118,7 @@ class _LastEpoch:
         return StopReason.NONE
 
 
-def _devices(framework: str, strategy: str, device: str) -> str:
+def _devices(strategy: str, device: str) -> str:
     if device == "cpu":
         return "cpu"
     import torch
@@ -242,9 +242,7 @@ def main() -> int:
         for framework, strategies in (("torch", TORCH_STRATEGIES), ("tensorflow", TF_STRATEGIES)):
             for strategy in strategies:
                 rate, status = run_strategy(framework, strategy, mnist, auto)
-                rows.append(
-                    (framework, strategy, _devices(framework, strategy, device), rate, status)
-                )
+                rows.append((framework, strategy, _devices(strategy, device), rate, status))
         print(f"{'framework':<11} {'strategy':<22} {'devices':<8} {'samples/s':>10}  result")
         for framework, strategy, devices, rate, status in rows:
             print(f"{framework:<11} {strategy:<22} {devices:<8} {rate:>10,.0f}  {status}")

@@ -167,10 +167,10 @@ class ArtifactStore:
         ``local`` (replacing it); False when there is none."""
         if self.local:
             return self.get_dir(key, local)
-        pointer = self.path(f"{key}/{_LATEST}")
-        if not self._fs.exists(pointer):
+        try:
+            version = self._fs.cat_file(self.path(f"{key}/{_LATEST}")).decode().strip()
+        except FileNotFoundError:
             return False
-        version = self._fs.cat_file(pointer).decode().strip()
         return self.get_dir(f"{key}/{version}", local)
 
     def remove(self, key: str) -> None:

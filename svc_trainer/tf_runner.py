@@ -379,11 +379,10 @@ def _strategy(spec: RunSpec, name: str, role: Role, devices: _Devices) -> Any:
             return tf.distribute.experimental.CentralStorageStrategy(
                 compute_devices=replicas, parameter_device=parameters
             )
-        reduce = tf.distribute.NcclAllReduce() if devices.gpus else None
-        return tf.distribute.MirroredStrategy(
-            devices=replicas,
-            cross_device_ops=reduce or tf.distribute.ReductionToOneDevice(),
+        reduce = (
+            tf.distribute.NcclAllReduce() if devices.gpus else tf.distribute.ReductionToOneDevice()
         )
+        return tf.distribute.MirroredStrategy(devices=replicas, cross_device_ops=reduce)
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec({k: list(v) for k, v in role.cluster.items()}),
         task_type=role.task_type,

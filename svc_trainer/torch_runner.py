@@ -483,6 +483,27 @@ def _rank_context() -> Any:
     return context
 
 
+def _join_group(
+    rank: int, world: int, init: str, device: torch.device, timeout: timedelta = _DDP_TIMEOUT
+) -> _Group:
+    """Join the default process group as ``rank`` on ``device``: NCCL on a
+    GPU, gloo on the CPU. The caller destroys it."""
+    cuda = device.type == "cuda"
+    if cuda:
+        # Before the group exists: NCCL and all_gather_object use the
+        # current device, which is otherwise GPU 0 on every rank.
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=init,
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+        device_id=device if cuda else None,
+    )
+    return _Group(rank, world, device)
+
+
 def _ddp_rank(rank: int, world: int, init: str, spec: RunSpec, data: DataSplits) -> None:
     die_with_parent()
     torch.manual_seed(spec.seed)
@@ -547,18 +568,7 @@ def _ddp_train(
         per_node = local_world or world
         torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // per_node))
     device = _device(spec.device, local)
-    if cuda:
-        # Before the group exists: NCCL and all_gather_object use the
-        # current device, which is otherwise GPU 0 on every rank.
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo",
-        init_method=init,
-        rank=rank,
-        world_size=world,
-        timeout=_DDP_TIMEOUT,
-        device_id=device if cuda else None,
-    )
+    group = _join_group(rank, world, init, device)
     try:
         model.to(device)
         wrapped = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
@@ -566,7 +576,6 @@ def _ddp_train(
         sampler: DistributedSampler[Any] = DistributedSampler(
             dataset, num_replicas=world, rank=rank, shuffle=True, seed=spec.seed
         )
-        group = _Group(rank, world, device)
         loop = _Loop(spec, data, model, wrapped, device, device, channel, group, sampler)
         result = loop.run()
         digests: list[str | None] = [None] * world

@@ -16,21 +16,11 @@ from svc_trainer.plan import StopReason
 def reduce_as_rank(
     rank: int, world: int, init: str, cuda: bool, stop: int, values: tuple[float, ...]
 ) -> tuple[int, list[float], str]:
-    """(the agreed stop, the summed values, the device the group used), as
-    ``torch_runner._ddp_train`` sets the group up."""
+    """(the agreed stop, the summed values, the device the group used), in a
+    group joined as ``torch_runner._ddp_train`` joins it."""
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo",
-        init_method=init,
-        rank=rank,
-        world_size=world,
-        timeout=timedelta(seconds=60),
-        device_id=device if cuda else None,
-    )
+    group = torch_runner._join_group(rank, world, init, device, timedelta(seconds=60))
     try:
-        group = torch_runner._Group(rank, world, device)
         agreed = group.agree(StopReason(stop))
         totals = group.total(*values)
         return int(agreed), totals, str(group.device)
