@@ -13,6 +13,22 @@ from typing import Any
 import structlog
 
 
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is when a line is written, not when logging was
+    configured: a stream swapped in and closed since (pytest's capture, a
+    redirect) must not turn every later log call into "I/O operation on
+    closed file"."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+_STDERR: Any = _CurrentStderr()
+
+
 def configure_logging(service: str, level: str = "INFO", fmt: str = "json") -> None:
     """Route structlog and the stdlib (librdkafka, grpc, faust) to stderr."""
     renderer: Any = (
@@ -33,11 +49,11 @@ def configure_logging(service: str, level: str = "INFO", fmt: str = "json") -> N
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_STDERR),
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(service=service)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(_STDERR)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared_processors,

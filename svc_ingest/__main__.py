@@ -29,7 +29,12 @@ def main() -> int:
     import faust
     import uvloop
 
-    from svc_ingest.app import create_app, mark_clean_shutdown, prepare_state, prepare_topics
+    try:
+        # faust_compat refuses a Faust it was not written for, in one line.
+        from svc_ingest.app import create_app, mark_clean_shutdown, prepare_state, prepare_topics
+    except ConfigError as exc:
+        print(f"svc_ingest: {exc}", file=sys.stderr)
+        return 2
     from svc_ingest.metrics import IngestMetrics
 
     uvloop.install()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from svc_ingest.rejection import Rejected
+from svc_ingest.rejection import RecordRejected
 
 # host ident authuser [time] "request" status bytes ["referer" "agent"] [request_time]
 _LINE = re.compile(
@@ -30,11 +30,11 @@ class AccessLogLine:
 
 
 def parse_line(line: str) -> AccessLogLine:
-    """One log line; raises Rejected(``malformed_log_line``)."""
+    """One log line; raises RecordRejected(``malformed_log_line``)."""
     match = _LINE.fullmatch(line)
     if match is None:
         shown = line if len(line) <= 120 else line[:117] + "..."
-        raise Rejected("malformed_log_line", f"not a Combined Log Format line: {shown!r}")
+        raise RecordRejected("malformed_log_line", f"not a Combined Log Format line: {shown!r}")
     size = match["bytes"]
     request_time = match["request_time"]
     return AccessLogLine(

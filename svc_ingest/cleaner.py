@@ -1,7 +1,7 @@
 """The cleaning of one raw record: parse, validate, normalise.
 
 ``Cleaner.clean`` either returns a CleanEvent (event id, entity, UTC event
-time, canonical units, attributes) or raises Rejected with a reason code.
+time, canonical units, attributes) or raises RecordRejected with a reason code.
 It never raises anything else on any input: a property test holds it to that.
 """
 
@@ -17,7 +17,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1 import events_pb2
 from svc_ingest import accesslog, fields, payload, units
-from svc_ingest.rejection import Rejected
+from svc_ingest.rejection import RecordRejected
 from svc_ingest.rules import CleaningRules
 from svc_ingest.timestamps import parse_time
 
@@ -97,7 +97,7 @@ class Cleaner:
     ) -> events_pb2.CleanEvent:
         """The CleanEvent of one raw record (``source`` and ``ingest_time`` unset).
 
-        Raises Rejected, and nothing else, for any bytes and headers.
+        Raises RecordRejected, and nothing else, for any bytes and headers.
         """
         found = payload.decode(value, content_type, self._rules)
         assert value is not None  # decode rejects a missing value
@@ -110,7 +110,7 @@ class Cleaner:
                 event = self._from_protobuf(found, key)
         except UnicodeEncodeError:
             # JSON escapes can spell lone surrogates, which no UTF-8 string holds.
-            raise Rejected("invalid_utf8", "a string holds a lone surrogate escape") from None
+            raise RecordRejected("invalid_utf8", "a string holds a lone surrogate escape") from None
         if not event.event_id:
             event.event_id = content_hash(value)
         self._check_time(event, now_us)
@@ -126,12 +126,12 @@ class Cleaner:
             event.event_id = fields.identifier(event_id, "event_id", self._rules.max_id_length)
         _, when = fields.first(doc, _TIME)
         if when is None:
-            raise Rejected("missing_field", "event has no timestamp")
+            raise RecordRejected("missing_field", "event has no timestamp")
         _set_time(event.event_time, parse_time(when))
         attributes = doc.get("attributes")
         if attributes is not None:
             if not isinstance(attributes, dict):
-                raise Rejected("invalid_type", "attributes must be an object")
+                raise RecordRejected("invalid_type", "attributes must be an object")
             for name, item in attributes.items():
                 event.attributes[name] = fields.attribute_value(item)
         if kind == "sensor":
@@ -158,7 +158,7 @@ class Cleaner:
             return "sensor"
         if "method" in doc or "request" in doc or "status" in doc:
             return "web"
-        raise Rejected(
+        raise RecordRejected(
             "unknown_event_kind",
             "JSON is neither a sensor reading (device_id, metrics) "
             "nor a web request (method, path, status)",
@@ -167,24 +167,24 @@ class Cleaner:
     def _sensor_json(self, doc: Mapping[str, Any], event: events_pb2.CleanEvent) -> None:
         _, device = fields.first(doc, _DEVICE)
         if device is None:
-            raise Rejected("missing_field", "sensor reading has no device_id")
+            raise RecordRejected("missing_field", "sensor reading has no device_id")
         reading = event.sensor_reading
         reading.device_id = fields.identifier(device, "device_id", self._rules.max_id_length)
         event.entity_id = reading.device_id
         metrics = doc.get("metrics")
         if metrics is None:
-            raise Rejected("missing_field", "sensor reading has no metrics")
+            raise RecordRejected("missing_field", "sensor reading has no metrics")
         if isinstance(metrics, dict):
             items = list(metrics.items())
         elif isinstance(metrics, list):
             items = [self._listed_metric(entry) for entry in metrics]
         else:
-            raise Rejected("invalid_type", "metrics must be an object or an array")
+            raise RecordRejected("invalid_type", "metrics must be an object or an array")
         names = set()
         for name, given in items:
             if isinstance(given, dict):
                 if "value" not in given:
-                    raise Rejected("missing_field", f"metric {name!r} has no value")
+                    raise RecordRejected("missing_field", f"metric {name!r} has no value")
                 raw_value, unit = given["value"], given.get("unit", "")
             else:
                 raw_value, unit = given, ""
@@ -194,10 +194,10 @@ class Cleaner:
     @staticmethod
     def _listed_metric(entry: Any) -> tuple[Any, Any]:
         if not isinstance(entry, dict):
-            raise Rejected("invalid_type", "each entry of metrics must be an object")
+            raise RecordRejected("invalid_type", "each entry of metrics must be an object")
         _, name = fields.first(entry, ("name", "metric"))
         if name is None:
-            raise Rejected("missing_field", "a metric has no name")
+            raise RecordRejected("missing_field", "a metric has no name")
         return name, entry
 
     def _web_json(
@@ -218,10 +218,10 @@ class Cleaner:
         if "protocol" in doc:
             web.protocol = fields.text(doc["protocol"], "protocol").upper()
         if "status" not in doc:
-            raise Rejected("missing_field", "web request has no status")
+            raise RecordRejected("missing_field", "web request has no status")
         status = fields.integer(doc["status"], "status")
         if not 100 <= status <= 599:
-            raise Rejected("invalid_field", f"status {status} is not an HTTP status")
+            raise RecordRejected("invalid_field", f"status {status} is not an HTTP status")
         web.status = status
         _, client = fields.first(doc, _CLIENT)
         if client is not None:
@@ -274,7 +274,7 @@ class Cleaner:
             self._log_line_into(payload._line(raw.log_line), event, key)
             return event
         if not raw.HasField("event_time"):
-            raise Rejected("missing_field", "RawEvent has no event_time")
+            raise RecordRejected("missing_field", "RawEvent has no event_time")
         event.event_time.CopyFrom(raw.event_time)
         if body == "sensor_reading":
             reading = event.sensor_reading
@@ -297,9 +297,9 @@ class Cleaner:
             web.protocol = web.protocol.strip().upper()
             web.client_address = web.client_address.strip()
             if not web.status:
-                raise Rejected("missing_field", "web request has no status")
+                raise RecordRejected("missing_field", "web request has no status")
             if web.latency_ms - web.latency_ms != 0.0:
-                raise Rejected("non_finite", "latency_ms is not a finite number")
+                raise RecordRejected("non_finite", "latency_ms is not a finite number")
             self._check_web(web)
         return event
 
@@ -318,7 +318,7 @@ class Cleaner:
         if found is not None:
             value = value * found.scale + found.offset
         if bounds is not None and not bounds[0] <= value <= bounds[1]:
-            raise Rejected(
+            raise RecordRejected(
                 "out_of_range",
                 f"{metric} {value:g} {canonical_unit} is outside [{bounds[0]:g}, {bounds[1]:g}]",
             )
@@ -329,7 +329,7 @@ class Cleaner:
         """Name, unit and range of a metric as sent; remembered, as devices repeat them."""
         metric = fields.text(name, "metric name").lower().replace(" ", "_").replace("-", "_")
         if not _METRIC_NAME.fullmatch(metric):
-            raise Rejected("invalid_field", f"metric name {name!r} is not a name")
+            raise RecordRejected("invalid_field", f"metric name {name!r} is not a name")
         unit_text = fields.text(unit, f"unit of {metric!r}") if unit is not None else ""
         found = units.resolve(metric, unit_text)
         spec = (metric, found, found.canonical if found else "", self._ranges.get(metric))
@@ -342,11 +342,13 @@ class Cleaner:
     def _check_measurements(self, reading: events_pb2.SensorReading, names: set[str]) -> None:
         count = len(reading.measurements)
         if count == 0:
-            raise Rejected("missing_field", "sensor reading has no metrics")
+            raise RecordRejected("missing_field", "sensor reading has no metrics")
         if count > self._rules.max_metrics:
-            raise Rejected("invalid_field", f"sensor reading has {count} metrics, over the limit")
+            raise RecordRejected(
+                "invalid_field", f"sensor reading has {count} metrics, over the limit"
+            )
         if len(names) != count:
-            raise Rejected("duplicate_key", "sensor reading names one metric twice")
+            raise RecordRejected("duplicate_key", "sensor reading names one metric twice")
 
     def _host(self, given: Any, key: bytes | None) -> str:
         if given is None and key:
@@ -357,39 +359,43 @@ class Cleaner:
         if not host:
             return _UNKNOWN_HOST
         if not _HOSTNAME.fullmatch(host):
-            raise Rejected("invalid_field", f"host {host[:80]!r} is not a host name")
+            raise RecordRejected("invalid_field", f"host {host[:80]!r} is not a host name")
         return host
 
     @staticmethod
     def _check_web(web: events_pb2.WebRequest) -> None:
         if not web.method:
-            raise Rejected("missing_field", "web request has no method")
+            raise RecordRejected("missing_field", "web request has no method")
         if not _METHOD.fullmatch(web.method):
-            raise Rejected("invalid_field", f"method {web.method[:20]!r} is not an HTTP method")
+            raise RecordRejected(
+                "invalid_field", f"method {web.method[:20]!r} is not an HTTP method"
+            )
         if not web.path:
-            raise Rejected("missing_field", "web request has no path")
+            raise RecordRejected("missing_field", "web request has no path")
         if len(web.path) > _MAX_PATH or not (
             web.path[0] == "/" or web.path == "*" or web.path.startswith(("http://", "https://"))
         ):
-            raise Rejected("invalid_field", f"path {web.path[:80]!r} is not a request target")
+            raise RecordRejected("invalid_field", f"path {web.path[:80]!r} is not a request target")
         if web.protocol and not _PROTOCOL.fullmatch(web.protocol):
-            raise Rejected("invalid_field", f"protocol {web.protocol[:20]!r} is not HTTP/x.y")
+            raise RecordRejected("invalid_field", f"protocol {web.protocol[:20]!r} is not HTTP/x.y")
         if not 100 <= web.status <= 599:
-            raise Rejected("invalid_field", f"status {web.status} is not an HTTP status")
+            raise RecordRejected("invalid_field", f"status {web.status} is not an HTTP status")
         if web.client_address in ("", "-"):
             web.client_address = ""
         else:
             web.client_address = _client_address(web.client_address)
         if not 0.0 <= web.latency_ms <= _MAX_LATENCY_MS:
-            raise Rejected("out_of_range", f"latency {web.latency_ms:g} ms is outside a day")
+            raise RecordRejected("out_of_range", f"latency {web.latency_ms:g} ms is outside a day")
 
     def _check_time(self, event: events_pb2.CleanEvent, now_us: int) -> None:
         when = event.event_time.seconds * 1_000_000 + event.event_time.nanos // 1000
         if when > now_us + self._rules.max_future_skew_us:
             ahead = (when - now_us) / 1e6
-            raise Rejected("future_timestamp", f"event time is {ahead:.0f} s ahead of the clock")
+            raise RecordRejected(
+                "future_timestamp", f"event time is {ahead:.0f} s ahead of the clock"
+            )
         if when < 0:
-            raise Rejected("invalid_timestamp", "event time is before 1970")
+            raise RecordRejected("invalid_timestamp", "event time is before 1970")
 
 
 def _set_time(stamp: Timestamp, micros: int) -> None:
@@ -404,12 +410,14 @@ def _split_request(request: str) -> tuple[str, str, str]:
         return parts[0].upper(), parts[1], parts[2].upper()
     if len(parts) == 2:  # HTTP/0.9: no protocol
         return parts[0].upper(), parts[1], ""
-    raise Rejected("invalid_field", f"request {request[:80]!r} is not 'METHOD target PROTOCOL'")
+    raise RecordRejected(
+        "invalid_field", f"request {request[:80]!r} is not 'METHOD target PROTOCOL'"
+    )
 
 
 def _non_negative(value: int, field: str) -> int:
     if not 0 <= value < 2**63:
-        raise Rejected("out_of_range", f"{field} {value} must be between 0 and 2^63")
+        raise RecordRejected("out_of_range", f"{field} {value} must be between 0 and 2^63")
     return value
 
 
@@ -420,6 +428,6 @@ def _client_address(given: str) -> str:
         host = given.lower()
         if _HOSTNAME.fullmatch(host):
             return host  # Apache with HostnameLookups logs names, not addresses
-        raise Rejected(
+        raise RecordRejected(
             "invalid_field", f"client address {given[:80]!r} is not an address"
         ) from None

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from svc_ingest.rejection import Rejected
+from svc_ingest.rejection import RecordRejected
 
 
 def first(doc: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str, Any]:
@@ -24,24 +24,26 @@ def text(value: Any, field: str) -> str:
         return value.strip()
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    raise Rejected("invalid_type", f"{field} must be a string, got {_kind(value)}")
+    raise RecordRejected("invalid_type", f"{field} must be a string, got {_kind(value)}")
 
 
 def number(value: Any, field: str) -> float:
     """A finite number; numeric strings (``"40.5"``) are converted."""
     if isinstance(value, bool):
-        raise Rejected("invalid_type", f"{field} must be a number, got a boolean")
+        raise RecordRejected("invalid_type", f"{field} must be a number, got a boolean")
     if isinstance(value, int | float):
         result = float(value)
     elif isinstance(value, str):
         try:
             result = float(value.strip())
         except ValueError:
-            raise Rejected("invalid_type", f"{field} must be a number, got {value!r}") from None
+            raise RecordRejected(
+                "invalid_type", f"{field} must be a number, got {value!r}"
+            ) from None
     else:
-        raise Rejected("invalid_type", f"{field} must be a number, got {_kind(value)}")
+        raise RecordRejected("invalid_type", f"{field} must be a number, got {_kind(value)}")
     if not math.isfinite(result):
-        raise Rejected("non_finite", f"{field} is {value!r}, not a finite number")
+        raise RecordRejected("non_finite", f"{field} is {value!r}, not a finite number")
     return result
 
 
@@ -51,7 +53,7 @@ def integer(value: Any, field: str) -> int:
         return value
     result = number(value, field)
     if not result.is_integer():
-        raise Rejected("invalid_type", f"{field} must be a whole number, got {value!r}")
+        raise RecordRejected("invalid_type", f"{field} must be a whole number, got {value!r}")
     return int(result)
 
 
@@ -66,9 +68,9 @@ def identifier(value: Any, field: str, max_length: int) -> str:
     """A trimmed, lower-cased, printable, non-empty id of bounded length."""
     result = text(value, field).lower()
     if not result:
-        raise Rejected("missing_field", f"{field} is empty")
+        raise RecordRejected("missing_field", f"{field} is empty")
     if len(result) > max_length or not result.isprintable():
-        raise Rejected(
+        raise RecordRejected(
             "invalid_field", f"{field} must be printable and at most {max_length} characters"
         )
     return result

@@ -16,7 +16,7 @@ from shared.bus.deadletter import dead_letter, dead_letter_headers
 from shared.contracts.aistack.v1 import events_pb2
 from svc_ingest.cleaner import Cleaner
 from svc_ingest.dedup import DedupWindow
-from svc_ingest.rejection import Rejected
+from svc_ingest.rejection import RecordRejected
 
 SERVICE = "svc_ingest"
 
@@ -73,7 +73,7 @@ class RecordHandler:
         found = envelope.parse_headers(pairs)
         try:
             event = self._cleaner.clean(value, key, found.content_type, now_us)
-        except Rejected as rejected:
+        except RecordRejected as rejected:
             trace = self._trace(found.traceparent)
             return self._dead_letter(partition, offset, key, value, pairs, rejected, trace)
         event_id = event.event_id
@@ -107,7 +107,7 @@ class RecordHandler:
         key: bytes | None,
         value: bytes | None,
         headers: list[tuple[str, bytes]],
-        rejected: Rejected,
+        rejected: RecordRejected,
         trace: str,
     ) -> Outcome:
         letter = dead_letter(

@@ -4,7 +4,8 @@ Faust 0.15.3 under ``exactly_once`` keeps one transactional producer per
 source partition (id ``{app}-{group}-{partition}``) and, every commit
 interval, sends that partition's acked offsets into its transaction and
 commits it. Two things in it break exactly-once; this module and the batch
-gate of ``svc_ingest.faust_transport.BatchConsumer`` avoid both:
+gate (``svc_ingest.faust_compat.consumer.BatchConsumer``, taken by
+``svc_ingest.checkpoint.BatchCheckpoint.commit``) avoid both:
 
 * ``TransactionManager.send`` picks the transaction by the *destination*
   partition, so a clean event keyed by entity id lands in another partition's
@@ -12,9 +13,11 @@ gate of ``svc_ingest.faust_transport.BatchConsumer`` avoid both:
   the producer of the raw record's own partition.
 * The periodic commit reads the acked offsets, then waits for each
   transaction's lock: a batch processed meanwhile gets its outputs committed
-  with the offsets from before it, and a crash repeats it. The agent holds
-  the consumer's batch gate from a batch's first send to its ack, and the
-  commit takes the gate before it reads the offsets.
+  with the offsets from before it, and a crash repeats it. The checkpoint
+  holds the consumer's batch gate from a batch's first send to its ack, and
+  the commit takes the gate before it reads the offsets.
+
+The producers are Faust's; ``svc_ingest.faust_compat.producer`` finds them.
 
 Under ``at_least_once`` the app's plain producer is used: a batch is acked
 only after its records are delivered.
@@ -28,6 +31,13 @@ from typing import Any
 
 import faust
 from aiokafka import AIOKafkaProducer
+
+from svc_ingest.faust_compat.producer import (
+    default_producer,
+    partition_for,
+    transaction_producer,
+    wait_for_topic,
+)
 
 
 class OutputWriter:
@@ -53,25 +63,20 @@ class OutputWriter:
         self._producers.clear()
         self._builders.clear()
         self._oversized.clear()
-        default = self._app.producer._ensure_producer()  # type: ignore[attr-defined]
+        default = default_producer(self._app)
         # Its client holds the cluster metadata for every topic we write.
         self._metadata_producer = default
-        if self._exactly_once:
-            producer: Any = self._app.producer
-            group = self._app.assignor.group_for_topic(self._source_topic)
-            for partition in set(partitions):
-                transactional = producer._transaction_producers.get(
-                    f"{self._app.conf.id}-{group}-{partition}"
-                )
-                if transactional is None:
+        for partition in set(partitions):
+            if self._exactly_once:
+                found = transaction_producer(self._app, self._source_topic, partition)
+                if found is None:
                     raise PartitionRevoked(partition)
-                self._producers[partition] = transactional
-        else:
-            for partition in set(partitions):
+                self._producers[partition] = found
+            else:
                 self._producers[partition] = default
         for topic in topics:
             if topic not in self._known_topics:
-                await default.client._wait_on_metadata(topic)
+                await wait_for_topic(default, topic)
                 self._known_topics.add(topic)
 
     def add(
@@ -126,15 +131,11 @@ class OutputWriter:
         return list(await asyncio.gather(*sent))
 
     def _partition(self, topic: str, key: bytes | None) -> int:
-        producer = self._metadata_producer
         if key is not None:
             found = self._partition_of.get((topic, key))
             if found is not None:
                 return found
-        cluster = producer.client.cluster
-        every = list(cluster.partitions_for_topic(topic) or ())
-        available = list(cluster.available_partitions_for_topic(topic) or ())
-        chosen = int(producer._partitioner(key, every, available))
+        chosen = partition_for(self._metadata_producer, topic, key)
         if key is not None:
             if len(self._partition_of) > 100_000:  # many entities: keep the cache bounded
                 self._partition_of.clear()

@@ -15,7 +15,7 @@ import orjson
 from google.protobuf.message import DecodeError
 
 from shared.contracts.aistack.v1 import events_pb2
-from svc_ingest.rejection import Rejected
+from svc_ingest.rejection import RecordRejected
 from svc_ingest.rules import CleaningRules
 
 Payload = dict[str, Any] | events_pb2.RawEvent | str
@@ -65,13 +65,13 @@ _decoder = json.JSONDecoder(
 
 
 def decode(value: bytes | None, content_type: str, rules: CleaningRules) -> Payload:
-    """The payload of one raw record; raises Rejected with the reason."""
+    """The payload of one raw record; raises RecordRejected with the reason."""
     if value is None:
-        raise Rejected("null_value", "record has no value (a tombstone)")
+        raise RecordRejected("null_value", "record has no value (a tombstone)")
     if not value:
-        raise Rejected("empty", "record value is empty")
+        raise RecordRejected("empty", "record value is empty")
     if len(value) > rules.max_payload_bytes:
-        raise Rejected(
+        raise RecordRejected(
             "too_large",
             f"record value is {len(value)} bytes, over the limit of {rules.max_payload_bytes}",
         )
@@ -83,7 +83,7 @@ def decode(value: bytes | None, content_type: str, rules: CleaningRules) -> Payl
     if kind in TEXT_TYPES:
         return decode_text(value)
     if kind:
-        raise Rejected(
+        raise RecordRejected(
             "unsupported_content_type",
             f"content-type {kind!r} is not JSON, protobuf or a text log line",
         )
@@ -107,9 +107,9 @@ def _detect(value: bytes, rules: CleaningRules) -> Payload:
     except UnicodeDecodeError as exc:
         try:
             return decode_protobuf(value)
-        except Rejected:
+        except RecordRejected:
             if _mostly_text(value):
-                raise Rejected("invalid_utf8", f"value is not valid UTF-8: {exc}") from None
+                raise RecordRejected("invalid_utf8", f"value is not valid UTF-8: {exc}") from None
             raise
     if text.isprintable():
         return _line(text)
@@ -118,7 +118,7 @@ def _detect(value: bytes, rules: CleaningRules) -> Payload:
     # in terms of a log line, the likelier intent of a text producer.
     try:
         return decode_protobuf(value)
-    except Rejected:
+    except RecordRejected:
         return _line(text)
 
 
@@ -129,7 +129,7 @@ def _mostly_text(value: bytes) -> bool:
 
 
 def decode_json(value: bytes, rules: CleaningRules) -> dict[str, Any]:
-    """A JSON object, or Rejected with the precise reason.
+    """A JSON object, or RecordRejected with the precise reason.
 
     orjson parses the common case; it cannot see duplicate keys (the last one
     wins), so its result counts only when the document holds exactly as many
@@ -143,7 +143,7 @@ def decode_json(value: bytes, rules: CleaningRules) -> dict[str, Any]:
             pass
         else:
             if not isinstance(document, dict):
-                raise Rejected(
+                raise RecordRejected(
                     "not_an_object", f"JSON value must be an object, got {_json_kind(document)}"
                 )
             keys = _count_keys(document)
@@ -173,11 +173,11 @@ def _count_keys(node: Any) -> int:
 def _utf8(value: bytes, what: str) -> str:
     """Text without a byte-order mark (RFC 8259 forbids one in JSON)."""
     if value.startswith(_BOM):
-        raise Rejected("byte_order_mark", f"{what} must not start with a byte-order mark")
+        raise RecordRejected("byte_order_mark", f"{what} must not start with a byte-order mark")
     try:
         return value.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise Rejected("invalid_utf8", f"value is not valid UTF-8: {exc}") from None
+        raise RecordRejected("invalid_utf8", f"value is not valid UTF-8: {exc}") from None
 
 
 def _decode_json_strictly(value: bytes, rules: CleaningRules) -> dict[str, Any]:
@@ -188,15 +188,21 @@ def _decode_json_strictly(value: bytes, rules: CleaningRules) -> dict[str, Any]:
     try:
         document = _decoder.decode(text)
     except _DuplicateKeyError as exc:
-        raise Rejected("duplicate_key", f"JSON object has key {exc.args[0]!r} twice") from None
+        raise RecordRejected(
+            "duplicate_key", f"JSON object has key {exc.args[0]!r} twice"
+        ) from None
     except _NonFiniteError as exc:
-        raise Rejected("non_finite", f"JSON holds a non-finite number {exc.args[0]!r}") from None
+        raise RecordRejected(
+            "non_finite", f"JSON holds a non-finite number {exc.args[0]!r}"
+        ) from None
     except RecursionError:
-        raise Rejected("too_deep", "JSON nesting is too deep") from None
+        raise RecordRejected("too_deep", "JSON nesting is too deep") from None
     except ValueError as exc:
-        raise Rejected("invalid_json", f"value is not valid JSON: {exc}") from None
+        raise RecordRejected("invalid_json", f"value is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
-        raise Rejected("not_an_object", f"JSON value must be an object, got {_json_kind(document)}")
+        raise RecordRejected(
+            "not_an_object", f"JSON value must be an object, got {_json_kind(document)}"
+        )
     return document
 
 
@@ -217,7 +223,7 @@ def _check_depth(text: str, limit: int) -> None:
         elif char in "{[":
             depth += 1
             if depth > limit:
-                raise Rejected("too_deep", f"JSON nesting is deeper than {limit} levels")
+                raise RecordRejected("too_deep", f"JSON nesting is deeper than {limit} levels")
         elif char in "}]":
             depth -= 1
 
@@ -238,9 +244,11 @@ def decode_protobuf(value: bytes) -> events_pb2.RawEvent:
     try:
         event = events_pb2.RawEvent.FromString(value)
     except DecodeError as exc:
-        raise Rejected("invalid_protobuf", f"value is not an aistack.v1.RawEvent: {exc}") from None
+        raise RecordRejected(
+            "invalid_protobuf", f"value is not an aistack.v1.RawEvent: {exc}"
+        ) from None
     if event.WhichOneof("body") is None:
-        raise Rejected(
+        raise RecordRejected(
             "invalid_protobuf", "RawEvent has no body (sensor_reading, web_request or log_line)"
         )
     return event
@@ -253,5 +261,5 @@ def decode_text(value: bytes) -> str:
 def _line(text: str) -> str:
     line = text.rstrip("\r\n")
     if not line.isprintable():
-        raise Rejected("malformed_log_line", "a log line is one line of printable text")
+        raise RecordRejected("malformed_log_line", "a log line is one line of printable text")
     return line

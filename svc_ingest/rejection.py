@@ -34,8 +34,12 @@ REASONS = frozenset(
 )
 
 
-class Rejected(AistackError):
-    """A raw record cannot be accepted; it becomes a dead letter with ``reason``."""
+class RecordRejected(AistackError):
+    """A raw record cannot be accepted; it becomes a dead letter with ``reason``.
+
+    Not ``shared.bus.codec.Rejected`` (an envelope the bus cannot decode): this
+    one is a record the cleaner refuses, and takes its reason code first.
+    """
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message, reason=reason)

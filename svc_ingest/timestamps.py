@@ -6,7 +6,7 @@ import math
 import re
 from datetime import UTC, datetime, timedelta, timezone
 
-from svc_ingest.rejection import Rejected
+from svc_ingest.rejection import RecordRejected
 
 # 1970…2200 in microseconds: anything outside is a unit mix-up, not a time.
 _MIN_US = 0
@@ -38,15 +38,17 @@ def parse_time(value: object) -> int:
     Accepts ISO 8601 (with an offset, ``Z``, or none, read as UTC), epoch
     seconds, milliseconds, microseconds or nanoseconds (as numbers or numeric
     strings, told apart by magnitude) and the Common Log Format's
-    ``10/Oct/2000:13:55:36 -0700``. Raises Rejected: ``invalid_type``,
+    ``10/Oct/2000:13:55:36 -0700``. Raises RecordRejected: ``invalid_type``,
     ``invalid_timestamp``, ``non_finite``.
     """
     if isinstance(value, bool):
-        raise Rejected("invalid_type", f"timestamp must be a string or a number, got {value!r}")
+        raise RecordRejected(
+            "invalid_type", f"timestamp must be a string or a number, got {value!r}"
+        )
     if isinstance(value, int | float):
         return _from_epoch(value)
     if not isinstance(value, str):
-        raise Rejected(
+        raise RecordRejected(
             "invalid_type", f"timestamp must be a string or a number, got {type(value).__name__}"
         )
     text = value.strip()
@@ -58,7 +60,7 @@ def parse_time(value: object) -> int:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        raise Rejected(
+        raise RecordRejected(
             "invalid_timestamp", f"timestamp {value!r} is not ISO 8601 or epoch"
         ) from None
     if moment.tzinfo is None:
@@ -68,7 +70,7 @@ def parse_time(value: object) -> int:
 
 def _from_epoch(number: int | float) -> int:
     if isinstance(number, float) and not math.isfinite(number):
-        raise Rejected("non_finite", f"timestamp {number!r} is not finite")
+        raise RecordRejected("non_finite", f"timestamp {number!r} is not finite")
     size = abs(number)
     if size < _SECONDS_BELOW:
         micros = round(number * 1_000_000)
@@ -79,7 +81,7 @@ def _from_epoch(number: int | float) -> int:
     elif size < _NS_BELOW:
         micros = round(number / 1000)
     else:
-        raise Rejected("invalid_timestamp", f"epoch timestamp {number!r} is too large")
+        raise RecordRejected("invalid_timestamp", f"epoch timestamp {number!r} is too large")
     return _checked(micros, number)
 
 
@@ -87,7 +89,7 @@ def _from_clf(match: re.Match[str], raw: str) -> int:
     day, month, year, hour, minute, second, sign, off_h, off_m = match.groups()
     month_no = _MONTHS.get(month.lower())
     if month_no is None:
-        raise Rejected("invalid_timestamp", f"timestamp {raw!r} has an unknown month")
+        raise RecordRejected("invalid_timestamp", f"timestamp {raw!r} has an unknown month")
     offset = timedelta(hours=int(off_h), minutes=int(off_m))
     try:
         moment = datetime(
@@ -100,7 +102,7 @@ def _from_clf(match: re.Match[str], raw: str) -> int:
             tzinfo=timezone(-offset if sign == "-" else offset),
         )
     except ValueError as exc:
-        raise Rejected("invalid_timestamp", f"timestamp {raw!r}: {exc}") from None
+        raise RecordRejected("invalid_timestamp", f"timestamp {raw!r}: {exc}") from None
     return _checked(_to_us(moment), raw)
 
 
@@ -111,5 +113,5 @@ def _to_us(moment: datetime) -> int:
 
 def _checked(micros: int, raw: object) -> int:
     if not _MIN_US <= micros <= _MAX_US:
-        raise Rejected("invalid_timestamp", f"timestamp {raw!r} is outside 1970-2200")
+        raise RecordRejected("invalid_timestamp", f"timestamp {raw!r} is outside 1970-2200")
     return micros

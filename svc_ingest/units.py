@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from svc_ingest.rejection import Rejected
+from svc_ingest.rejection import RecordRejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +161,7 @@ def canonical(metric: str, value: float, unit: str) -> tuple[float, str]:
 def resolve(metric: str, unit: str) -> Unit | None:
     """The unit ``metric`` is sent in; None for a dimensionless metric.
 
-    Raises Rejected: ``unknown_unit``, ``unit_mismatch``, or ``missing_field``
+    Raises RecordRejected: ``unknown_unit``, ``unit_mismatch``, or ``missing_field``
     when a metric of known dimension comes without a unit. An unknown metric
     without a unit stays dimensionless.
     """
@@ -169,12 +169,12 @@ def resolve(metric: str, unit: str) -> Unit | None:
     if not unit:
         if dimension is None:
             return None
-        raise Rejected("missing_field", f"metric {metric!r} has no unit")
+        raise RecordRejected("missing_field", f"metric {metric!r} has no unit")
     found = UNITS.get(unit.lower())
     if found is None:
-        raise Rejected("unknown_unit", f"metric {metric!r} has unknown unit {unit!r}")
+        raise RecordRejected("unknown_unit", f"metric {metric!r} has unknown unit {unit!r}")
     if dimension is not None and found.dimension != dimension:
-        raise Rejected(
+        raise RecordRejected(
             "unit_mismatch",
             f"metric {metric!r} measures {dimension}, but unit {unit!r} is {found.dimension}",
         )

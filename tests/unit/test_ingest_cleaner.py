@@ -8,7 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1 import events_pb2
 from svc_ingest.cleaner import Cleaner, content_hash
-from svc_ingest.rejection import REASONS, Rejected
+from svc_ingest.rejection import REASONS, RecordRejected
 from svc_ingest.rules import CleaningRules
 
 NOW_US = 1_795_251_600 * 1_000_000  # 2026-11-21T09:00:00Z
@@ -42,7 +42,7 @@ def clean_json(cleaner: Cleaner, doc: Any, content_type: str = JSON) -> events_p
 def reason_of(
     cleaner: Cleaner, value: bytes | None, content_type: str = "", key: bytes | None = None
 ) -> str:
-    with pytest.raises(Rejected) as caught:
+    with pytest.raises(RecordRejected) as caught:
         cleaner.clean(value, key, content_type, NOW_US)
     assert caught.value.reason in REASONS
     assert caught.value.message

@@ -12,7 +12,7 @@ from shared.contracts.aistack.v1 import events_pb2
 from svc_ingest.cleaner import Cleaner
 from svc_ingest.dedup import DedupWindow
 from svc_ingest.handlers import RecordHandler
-from svc_ingest.rejection import REASONS, Rejected
+from svc_ingest.rejection import REASONS, RecordRejected
 from svc_ingest.rules import CleaningRules
 
 NOW_US = 1_795_251_600 * 1_000_000
@@ -178,7 +178,7 @@ def test_the_cleaner_accepts_or_rejects_with_a_known_reason(
     cleaner = Cleaner(CleaningRules())
     try:
         event = cleaner.clean(value, key, content_type, NOW_US)
-    except Rejected as rejected:
+    except RecordRejected as rejected:
         assert rejected.reason in REASONS
         assert rejected.message
         return
@@ -232,7 +232,7 @@ def test_near_valid_documents_are_accepted_or_rejected_cleanly(
     cleaner = Cleaner(CleaningRules())
     try:
         event = cleaner.clean(value, b"key", content_type, NOW_US)
-    except Rejected as rejected:
+    except RecordRejected as rejected:
         assert rejected.reason in REASONS
         return
     assert event.entity_id

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from svc_ingest.rejection import Rejected
+from svc_ingest.rejection import RecordRejected
 from svc_ingest.timestamps import parse_time
 
 # 2026-11-21T09:00:00Z
@@ -56,6 +56,6 @@ def test_fractions_are_kept_to_the_microsecond() -> None:
     ],
 )
 def test_bad_timestamps_are_rejected_with_a_reason(given: object, reason: str) -> None:
-    with pytest.raises(Rejected) as caught:
+    with pytest.raises(RecordRejected) as caught:
         parse_time(given)
     assert caught.value.reason == reason

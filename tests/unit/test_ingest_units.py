@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from svc_ingest import units
-from svc_ingest.rejection import Rejected
+from svc_ingest.rejection import RecordRejected
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,7 @@ def test_units_become_canonical(
     ],
 )
 def test_bad_units_are_rejected(metric: str, unit: str, reason: str) -> None:
-    with pytest.raises(Rejected) as caught:
+    with pytest.raises(RecordRejected) as caught:
         units.canonical(metric, 1.0, unit)
     assert caught.value.reason == reason
 

@@ -1,0 +1,148 @@
+"""Whole batches in and out of a stream's channel queue.
+
+``Stream`` iteration costs futures and tasks per event; here an agent takes
+a batch off its channel with :func:`take_batch` and acks it with
+:func:`ack_batch`. The bulk put and get reach into asyncio's ``Queue`` and
+mode's ``FlowControlQueue`` internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from time import monotonic
+from typing import Any, TypeAlias
+
+from faust.types import AppT, EventT
+from mode.utils.queues import FlowControlQueue
+
+__all__ = ["ack_batch", "put_many", "take_batch"]
+
+Event: TypeAlias = EventT[Any]
+
+
+def put_many(queue: Any, events: list[Event], on_high: Any, on_drop: Any) -> None:
+    """``put_nowait_enhanced`` for each event, with the per-put bookkeeping done once.
+
+    Caller guarantees the events fit below ``maxsize``.  Uses the same
+    asyncio.Queue internals as mode's ``FlowControlQueue.force_put_nowait``.
+    """
+    last = events.pop()
+    if events:
+        queue._queue.extend(events)
+        queue._unfinished_tasks += len(events)
+        getters = queue._getters
+        for _ in range(min(len(events), len(getters))):
+            queue._wakeup_next(getters)
+    # The last one goes through mode: pressure check (pauses the TP), counters, wakeup.
+    queue.put_nowait_enhanced(last, on_pressure_high=on_high, on_pressure_drop=on_drop)
+
+
+def _drain_nowait(queue: Any, items: list[Any], max_items: int) -> None:
+    """Move up to ``max_items - len(items)`` queued items into ``items``.
+
+    Same effect as that many ``get_nowait()`` calls on a mode FlowControlQueue,
+    with its bookkeeping (wake putters, pressure-drop callbacks) done once.
+    """
+    take = min(max_items - len(items), queue.qsize())
+    if take <= 0:
+        return
+    buf = queue._queue
+    pop = buf.popleft
+    items.extend([pop() for _ in range(take)])
+    putters = queue._putters
+    for _ in range(min(take, len(putters))):
+        queue._wakeup_next(putters)
+    pending = getattr(queue, "_pending_pressure_drop_callbacks", None)
+    # get_nowait endorses at most one pressure drop per item; resumes the TPs
+    # paused by put_many once the queue has drained enough.
+    for _ in range(min(take, len(pending or ()))):
+        queue.maybe_endorse_pressure_drop()
+
+
+async def take_batch(
+    queue: asyncio.Queue[Any],
+    max_items: int,
+    within_seconds: float,
+    *,
+    app: AppT | None = None,
+) -> list[Event]:
+    """Return 1..``max_items`` events from a channel queue (``stream.channel.queue``).
+
+    Awaits the first event, then drains with ``get_nowait``; only when the
+    queue runs dry before ``max_items`` does it wait (one future per dry spell,
+    never per event) until ``within_seconds`` after the first event.
+
+    With ``app`` it also does what ``Stream`` does per event: events from a
+    stale generation or fetched while flow control is suspended are acked and
+    dropped, and the rest are tracked as unacked (so rebalance waits for them).
+    """
+    while True:
+        items: list[Event] = [await queue.get()]
+        # A ThrowableQueue error must surface on the next call, not eat this batch.
+        errors = getattr(queue, "_errors", None)
+        bulk = isinstance(queue, FlowControlQueue)
+        deadline = monotonic() + within_seconds
+        while len(items) < max_items and not errors:
+            if bulk:
+                _drain_nowait(queue, items, max_items)
+            else:
+                try:
+                    while len(items) < max_items:
+                        items.append(queue.get_nowait())
+                except asyncio.QueueEmpty:
+                    pass
+            if len(items) >= max_items:
+                break
+            remaining = deadline - monotonic()
+            if remaining <= 0:
+                break
+            try:
+                async with asyncio.timeout(remaining):
+                    items.append(await queue.get())
+            except TimeoutError:
+                break
+        if app is None:
+            return items
+        admitted = _admit_events(items, app)
+        if admitted:
+            return admitted
+
+
+def _admit_events(events: list[Event], app: AppT) -> list[Event]:
+    # Inline of Stream._py_aiter's per-event checks and Consumer.track_message.
+    consumer = app.consumer
+    generation_id = app.consumer_generation_id
+    flow_active = app.flow_control.is_active()
+    acking_topics = app.topics.acking_topics
+    unacked = consumer.unacked
+    on_message_in = app.sensors.on_message_in
+    out: list[Event] = []
+    for event in events:
+        message = event.message
+        if not flow_active or message.generation_id != generation_id:
+            message.ack(consumer)
+            continue
+        if not message.tracked and message.topic in acking_topics:
+            message.tracked = True
+            unacked.add(message)
+            on_message_in(message.tp, message.offset, message)
+        out.append(event)
+    return out
+
+
+def ack_batch(events: Iterable[Event], app: AppT) -> int:
+    """Ack every event once processed; returns how many became committable.
+
+    Offsets then go through faust's normal commit machinery (commit interval,
+    ``commit_every``, and the transaction manager under exactly_once).
+    """
+    consumer = app.consumer
+    on_message_out = app.sensors.on_message_out
+    n = 0
+    for event in events:
+        message = event.message
+        if message.ack(consumer):
+            n += 1
+            on_message_out(message.tp, message.offset, message)
+    return n

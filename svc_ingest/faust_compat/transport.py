@@ -1,0 +1,30 @@
+"""The ``aistack-kafka://`` transport: Faust's aiokafka one with the batch
+consumer and conductor. ``faust.App(broker="aistack-kafka://host:9092")``
+picks it once :func:`register_scheme` has run (importing this module runs it).
+"""
+
+from __future__ import annotations
+
+from faust.transport.drivers import TRANSPORTS
+from faust.transport.drivers import aiokafka as _aiokafka
+
+from svc_ingest.faust_compat import SCHEME
+from svc_ingest.faust_compat.consumer import BatchConsumer
+from svc_ingest.faust_compat.delivery import BatchConductor
+
+__all__ = ["SCHEME", "Transport", "register_scheme"]
+
+
+class Transport(_aiokafka.Transport):
+    """aiokafka transport using :class:`BatchConsumer` and :class:`BatchConductor`."""
+
+    Consumer = BatchConsumer
+    Conductor = BatchConductor
+
+
+def register_scheme() -> None:
+    """Register ``aistack-kafka://`` in faust's transport registry (idempotent)."""
+    TRANSPORTS.aliases.setdefault(SCHEME, f"{__name__}:Transport")
+
+
+register_scheme()

@@ -1,0 +1,127 @@
+"""svc_ingest.faust_compat: the version gate and the highwater wait of table recovery."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Mapping
+
+import pytest
+from aiokafka.errors import KafkaTimeoutError
+from faust.types import TP
+
+from svc_ingest.faust_compat import SUPPORTED, UnsupportedFaust, check_versions
+from svc_ingest.faust_compat.recovery import HighwaterWait, settled_highwaters, unsettled
+
+CHANGELOG = [TP("ingest-dedup-changelog", 0), TP("ingest-dedup-changelog", 1)]
+PERSISTED: dict[TP, int | None] = {CHANGELOG[0]: 1176, CHANGELOG[1]: None}
+REAL = {CHANGELOG[0]: 1177, CHANGELOG[1]: 40}
+
+
+class FakeBroker:
+    """Answers highwater reads from a script: a mapping, or an error to raise."""
+
+    def __init__(self, *answers: Mapping[TP, int | None] | Exception) -> None:
+        self.answers = list(answers)
+        self.reads = 0
+
+    async def read(self, partitions: Collection[TP]) -> Mapping[TP, int | None]:
+        self.reads += 1
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return {tp: answer.get(tp) for tp in partitions}
+
+
+class FakeTime:
+    """A clock that only sleeping moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def settle(broker: FakeBroker, time: FakeTime, deadline: float = 60.0) -> Mapping[TP, int | None]:
+    return asyncio.run(
+        settled_highwaters(
+            broker.read,
+            CHANGELOG,
+            PERSISTED,
+            HighwaterWait(deadline_seconds=deadline),
+            clock=time.clock,
+            sleep=time.sleep,
+        )
+    )
+
+
+def test_unknown_or_short_highwaters_are_unsettled() -> None:
+    assert unsettled(REAL, CHANGELOG, PERSISTED) == []
+    # None: no fetch response yet; -1: what a read_uncommitted LSO says.
+    assert unsettled({CHANGELOG[0]: None, CHANGELOG[1]: -1}, CHANGELOG, PERSISTED) == CHANGELOG
+    # The highwater is the next offset: 1176 persisted needs at least 1177.
+    assert unsettled({**REAL, CHANGELOG[0]: 1176}, CHANGELOG, PERSISTED) == [CHANGELOG[0]]
+    # An empty changelog with nothing persisted is settled at 0.
+    assert unsettled({**REAL, CHANGELOG[1]: 0}, CHANGELOG, PERSISTED) == []
+
+
+def test_a_cold_broker_is_read_again_until_it_reports_real_highwaters() -> None:
+    broker = FakeBroker(
+        {CHANGELOG[0]: None, CHANGELOG[1]: None},
+        KafkaTimeoutError(),
+        {CHANGELOG[0]: 0, CHANGELOG[1]: 40},
+        REAL,
+    )
+    time = FakeTime()
+
+    assert settle(broker, time) == REAL
+    assert broker.reads == 4
+    # Backoff doubles between reads.
+    assert time.sleeps == [0.25, 0.5, 1.0]
+
+
+def test_after_the_deadline_faust_gets_the_last_answer_to_judge() -> None:
+    short = {CHANGELOG[0]: 5, CHANGELOG[1]: 40}  # the changelog really lost data
+    broker = FakeBroker(short)
+    time = FakeTime()
+
+    assert settle(broker, time, deadline=10.0) == short
+    assert time.now == pytest.approx(10.0)
+    assert broker.reads > 3
+
+
+def test_a_broker_that_never_answers_raises_its_error_at_the_deadline() -> None:
+    broker = FakeBroker(KafkaTimeoutError())
+    time = FakeTime()
+
+    with pytest.raises(KafkaTimeoutError):
+        settle(broker, time, deadline=5.0)
+    assert time.now == pytest.approx(5.0)
+
+
+def test_the_installed_versions_are_the_supported_ones() -> None:
+    check_versions()  # what importing the package did; must not raise here
+
+
+def test_another_faust_version_fails_with_one_line_naming_it() -> None:
+    installed: dict[str, str | None] = {name: known[0] for name, known in SUPPORTED.items()}
+    installed["faust-streaming"] = "0.16.0"
+
+    with pytest.raises(UnsupportedFaust) as caught:
+        check_versions(installed)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "faust-streaming" in message and "0.16.0" in message and "0.15.3" in message
+
+
+def test_a_missing_dependency_is_named() -> None:
+    installed: dict[str, str | None] = {name: known[0] for name, known in SUPPORTED.items()}
+    installed["aiokafka"] = None
+
+    with pytest.raises(UnsupportedFaust, match=r"aiokafka .* found none"):
+        check_versions(installed)
