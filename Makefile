@@ -66,6 +66,8 @@ $(STAMPS)/proto: $(PROTOS) shared/contracts/codegen.py uv.lock | venv
 	$(PY) -m shared.contracts.codegen
 	@mkdir -p $(STAMPS) && touch $@
 
+# The Kafka broker's jars, then svc_transform's own build (svc_transform/jars.py:
+# its Spark connectors and JVM functions), into the cache directory.
 jars: | venv
 	@$(VENV)/bin/aistack infra fetch
 
@@ -85,22 +87,22 @@ test-integration: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy shared compose loadgen svc_ingest svc_transform svc_tuner svc_trainer svc_model
+	$(VENV)/bin/mypy shared compose loadgen svc_ingest svc_transform svc_tuner svc_trainer svc_model bench
 
 # Every strategy on the GPUs, and the trainer against a plain loop; on a
 # machine without a GPU it says so and exits 0.
 gpu-check: setup
-	$(PY) bench/trainer_gpu.py
+	$(PY) -m bench.trainer_gpu
 
 bench: setup
-	$(PY) bench/bus_throughput.py
-	$(PY) bench/ingest_throughput.py
-	$(PY) bench/transform_latency.py
-	$(PY) bench/tuner_overhead.py
-	$(PY) bench/study_speedup.py
-	$(PY) bench/tuning_gain.py
-	$(PY) bench/trainer_overhead.py
-	$(PY) bench/serving.py
+	$(PY) -m bench.bus_throughput
+	$(PY) -m bench.ingest_throughput
+	$(PY) -m bench.transform_latency
+	$(PY) -m bench.tuner_overhead
+	$(PY) -m bench.study_speedup
+	$(PY) -m bench.tuning_gain
+	$(PY) -m bench.trainer_overhead
+	$(PY) -m bench.serving
 
 infra-up: setup
 	$(VENV)/bin/aistack infra up

@@ -15,61 +15,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from shared.bus.producer import BusProducer  # noqa: E402
-from shared.bus.topics import TopicSpec, ensure_topics  # noqa: E402
-from shared.ports import free_port  # noqa: E402
-from shared.settings import KafkaSettings, load_settings  # noqa: E402
+from bench.harness import ROOT, kafka_settings, print_ratio, python_module, round_order
+from bench.services import fill, run_worker
+from shared.bus.topics import TopicSpec, ensure_topics
+from shared.settings import KafkaSettings
 
 GOAL_RATIO = 0.5
 GOAL_RATE = 20_000.0
-
-
-def sensor_event(i: int, now: float) -> bytes:
-    doc = {
-        "event_id": uuid.UUID(int=i + (1 << 64)).hex,
-        "device_id": f"thermo-{i % 500:04d}",
-        "timestamp": round(now - (i % 3600), 3),
-        "metrics": {
-            "temperature": {"value": 15 + (i % 200) / 10, "unit": "C"},
-            "humidity": {"value": 30 + i % 50, "unit": "%"},
-        },
-        "site": "plant-a",
-    }
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def fill(kafka: KafkaSettings, topic: str, count: int) -> int:
-    ensure_topics(kafka, [TopicSpec(topic, None)])
-    producer = BusProducer(kafka, source="bench")
-    now = time.time()
-    size = 0
-    for i in range(count):
-        value = sensor_event(i, now)
-        size += len(value)
-        producer.publish_raw(
-            topic,
-            value,
-            key=f"thermo-{i % 500:04d}".encode(),
-            headers=[("content-type", b"application/json")],
-        )
-        if i % 10_000 == 0:
-            producer.poll(0)
-    producer.flush()
-    return size // count
 
 
 async def passthrough(kafka: KafkaSettings, source: str, target: str, count: int) -> float:
@@ -116,8 +75,10 @@ async def passthrough(kafka: KafkaSettings, source: str, target: str, count: int
 
 
 def run_passthrough(source: str, count: int) -> float:
+    """The passthrough in a process of its own, as the worker runs in its own."""
     out = subprocess.run(
-        [sys.executable, __file__, "--passthrough", source, "--count", str(count)],
+        python_module("bench.ingest_throughput", "--passthrough", source, "--count", str(count)),
+        cwd=ROOT,
         check=True,
         capture_output=True,
         text=True,
@@ -126,72 +87,13 @@ def run_passthrough(source: str, count: int) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def run_worker(kafka: KafkaSettings, source: str, count: int, state: Path) -> float:
-    """Start a worker on ``source``; its rate from first to last record, by its counter."""
-    suffix = uuid.uuid4().hex[:8]
-    port = free_port()
-    env = {
-        **os.environ,
-        "AISTACK_KAFKA_BOOTSTRAP": kafka.bootstrap,
-        "AISTACK_STATE_DIR": str(state),
-        "AISTACK_LOG_LEVEL": "WARNING",
-        "AISTACK_INGEST_APP_ID": f"bench-ingest-{suffix}",
-        "AISTACK_INGEST_SOURCE_TOPIC": source,
-        "AISTACK_INGEST_CLEAN_TOPIC": f"bench.clean.{suffix}",
-        "AISTACK_INGEST_DLQ_TOPIC": f"bench.dlq.{suffix}",
-        "AISTACK_INGEST_METRICS_PORT": str(port),
-        "AISTACK_INGEST_MAX_FUTURE_SKEW_SECONDS": "86400",
-    }
-    log = (state / f"worker-{suffix}.log").open("wb")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "svc_ingest"],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        first_at = first_n = None
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if worker.poll() is not None:
-                raise RuntimeError(f"worker exited {worker.returncode}; see {log.name}")
-            seen = _records_in(port)
-            now = time.perf_counter()
-            if seen and first_at is None:
-                first_at, first_n = now, seen
-            if seen >= count and first_at is not None and first_n is not None:
-                return (seen - first_n) / (now - first_at)
-            time.sleep(0.2)  # scraping is not free: keep it out of the measurement
-        raise RuntimeError("worker did not finish in time")
-    finally:
-        worker.terminate()
-        worker.wait(timeout=60)
-        log.close()
-
-
-def _records_in(port: int) -> float:
-    return read_metric(port, "aistack_ingest_records_in_total")
-
-
-def read_metric(port: int, series: str) -> float:
-    """``series`` (name and labels) from a process's /metrics; 0 before it answers."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0.0
-    wanted = f"{series} "
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--count", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--passthrough", metavar="TOPIC", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    kafka = load_settings(KafkaSettings)
+    kafka = kafka_settings()
     if args.passthrough:
         target = f"bench.passthrough.{uuid.uuid4().hex[:8]}"
         ensure_topics(kafka, [TopicSpec(target, None)])
@@ -204,21 +106,21 @@ def main() -> int:
     ratios, cleaner_rates, bare_rates = [], [], []
     with tempfile.TemporaryDirectory(prefix="aistack-bench-") as state:
         for round_ in range(args.rounds):
-            if round_ % 2 == 0:
-                bare = run_passthrough(source, args.count)
-                cleaner = run_worker(kafka, source, args.count, Path(state))
-            else:
-                cleaner = run_worker(kafka, source, args.count, Path(state))
-                bare = run_passthrough(source, args.count)
+            rates: dict[str, float] = {}
+            for who in round_order(("passthrough", "cleaner"), round_):
+                if who == "passthrough":
+                    rates[who] = run_passthrough(source, args.count)
+                else:
+                    rates[who] = run_worker(kafka, source, args.count, Path(state))
+            cleaner, bare = rates["cleaner"], rates["passthrough"]
             print(f"round {round_ + 1}: cleaner {cleaner:,.0f}/s, passthrough {bare:,.0f}/s")
             ratios.append(cleaner / bare)
             cleaner_rates.append(cleaner)
             bare_rates.append(bare)
     print(f"cleaner (median): {statistics.median(cleaner_rates):,.0f} events/s")
     print(f"passthrough (median): {statistics.median(bare_rates):,.0f} events/s")
-    print(f"cleaner_vs_passthrough: ratio {statistics.median(ratios):.2f} (goal {GOAL_RATIO})")
-    rate_ratio = statistics.median(cleaner_rates) / GOAL_RATE
-    print(f"cleaner_vs_20k_per_s: ratio {rate_ratio:.2f} (goal 1.0)")
+    print_ratio("cleaner_vs_passthrough", statistics.median(ratios), GOAL_RATIO)
+    print_ratio("cleaner_vs_20k_per_s", statistics.median(cleaner_rates) / GOAL_RATE, 1.0)
     return 0
 
 

@@ -1,7 +1,7 @@
-"""The peer in bench/serving.py: KServe's Python ``ModelServer`` serving a
+"""The peer in bench.serving: KServe's Python ``ModelServer`` serving a
 ``torch.export`` artifact over its Open Inference Protocol (v2) gRPC endpoint.
 
-Run as its own process (``python bench/serving_kserve.py --model_path
+Run as its own process (``python -m bench.serving_kserve --model_path
 DIR/model.pt2 --name digits --grpc_port P --http_port Q``): kserve registers
 the protobuf package ``inference``, as tritonclient and aistack's contracts do,
 and two of them in one process clash. With ``--model_path -`` it reads the
@@ -11,7 +11,7 @@ overlap with the export.
 The model is written the way KServe's docs write a custom model: ``load``
 builds the module once, a synchronous ``predict`` takes the v2 request and
 returns a v2 response. One worker process; torch's default threads unless
-``--threads`` says otherwise (serving.py gives svc_model the same number);
+``--threads`` says otherwise (bench.serving gives svc_model the same number);
 per-request logging off (as svc_model runs at WARNING).
 """
 

@@ -40,8 +40,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -49,16 +47,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
 # Triton (torch.export's compiler) before anything that may load TensorFlow.
 with contextlib.suppress(ImportError):
     import triton  # noqa: F401
 
-import optuna  # noqa: E402
-from tuner_overhead import TunerUnderTest, run_study  # noqa: E402
+import optuna
+
+from bench.harness import ROOT, print_ratio
+from bench.services import Trainers, TunerUnderTest, run_study
 
 GOAL_RAY = 1.0
 GOAL_INPROCESS = 0.9
@@ -237,59 +233,6 @@ def ray_tune(trials: int) -> Outcome:
 # ---- 3 and 4: aistack -------------------------------------------------------------------
 
 
-class Trainers:
-    """``python -m svc_trainer`` replicas on the tuner's topics, warm."""
-
-    def __init__(
-        self, tuner: TunerUnderTest, count: int, state: Path, *, warm: str = "torch"
-    ) -> None:
-        group = f"speedup-trainers-{uuid.uuid4().hex[:8]}"
-        self.logs = [state / f"trainer-{group}-{i}.log" for i in range(count)]
-        self.processes = [
-            subprocess.Popen(
-                [sys.executable, "-m", "svc_trainer"],
-                cwd=ROOT,
-                env={
-                    **os.environ,
-                    "AISTACK_KAFKA_BOOTSTRAP": tuner.kafka.bootstrap,
-                    "AISTACK_STATE_DIR": str(state / group),
-                    "AISTACK_LOG_FORMAT": "json",
-                    "AISTACK_TRAINER_TRIALS_TOPIC": tuner.topics["trials"],
-                    "AISTACK_TRAINER_REPORTS_TOPIC": tuner.topics["reports"],
-                    "AISTACK_TRAINER_CONTROL_TOPIC": tuner.topics["control"],
-                    "AISTACK_TRAINER_DLQ_TOPIC": tuner.topics["dlq"],
-                    "AISTACK_TRAINER_MODELS_TOPIC": f"bench.models.{group}",
-                    "AISTACK_TRAINER_GROUP_ID": group,
-                    "AISTACK_TRAINER_TRAINER_ID": f"{group}-{i}",
-                    "AISTACK_TRAINER_DEVICE": "cpu",
-                    "AISTACK_TRAINER_THREADS": "1",
-                    "AISTACK_TRAINER_WARM_FRAMEWORKS": warm,
-                    "AISTACK_TRAINER_METRICS_PORT": "0",
-                },
-                stdout=log.open("wb"),
-                stderr=subprocess.STDOUT,
-            )
-            for i, log in enumerate(self.logs)
-        ]
-
-    def wait_warm(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all('"executor.ready"' in log.read_text(errors="replace") for log in self.logs):
-                time.sleep(5)  # and the consumer group settles
-                return
-            if any(p.poll() is not None for p in self.processes):
-                break
-            time.sleep(0.5)
-        raise RuntimeError(f"trainers not ready: {[log.read_text()[-2000:] for log in self.logs]}")
-
-    def stop(self) -> None:
-        for process in self.processes:
-            process.terminate()
-        for process in self.processes:
-            process.wait(timeout=120)
-
-
 def on_the_bus(trainers: int, trials: int, state: Path) -> Outcome:
     """A tuner and ``trainers`` trainers on topics of their own."""
     tuner = TunerUnderTest(state)
@@ -331,9 +274,9 @@ def main() -> int:
         two = show("aistack, 2 trainers", on_the_bus(2, args.trials, Path(tmp)))
     ray_way = show("Ray Tune (reuse_actors)", ray_tune(args.trials))
     local = show("in-process Optuna", in_process(args.trials))
-    print(f"bus_vs_ray_tune: ratio {ray_way.wall / one.wall:.2f} (goal {GOAL_RAY})")
-    print(f"bus_vs_inprocess: ratio {local.wall / one.wall:.2f} (goal {GOAL_INPROCESS})")
-    print(f"two_trainers_vs_inprocess: ratio {local.wall / two.wall:.2f} (goal {GOAL_TWO})")
+    print_ratio("bus_vs_ray_tune", ray_way.wall / one.wall, GOAL_RAY)
+    print_ratio("bus_vs_inprocess", local.wall / one.wall, GOAL_INPROCESS)
+    print_ratio("two_trainers_vs_inprocess", local.wall / two.wall, GOAL_TWO)
     return 0
 
 

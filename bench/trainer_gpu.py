@@ -36,8 +36,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.harness import print_ratio
 
 EPOCHS = 2
 BATCH = 1024
@@ -254,7 +253,7 @@ def main() -> int:
     label = (
         "trainer_vs_plain_gpu" if device == "cuda" else "trainer_vs_plain_cpu (not a GPU figure)"
     )
-    print(f"{label}: ratio {trainer / plain:.2f} (goal 0.95)")
+    print_ratio(label, trainer / plain, 0.95)
     return 0
 
 

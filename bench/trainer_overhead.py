@@ -34,18 +34,14 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import multiprocessing as mp
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from bench.harness import in_fresh_process, print_ratio, round_order
 
 EPOCHS = 6
 BATCH = 128
@@ -195,28 +191,10 @@ def tf_plain() -> dict[str, float]:
     return {"samples_per_s": steady(len(data.x_train), ends)}
 
 
-def _child(queue: Any, name: str, args: tuple[Any, ...]) -> None:
-    queue.put(globals()[name](*args))
-
-
-def isolated(fn: Callable[..., dict[str, float]], *args: Any) -> dict[str, float]:
-    """``fn(*args)`` in a fresh spawned (non-daemon: DDP starts ranks) process."""
-    context = mp.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=_child, args=(queue, fn.__name__, args))
-    process.start()
-    result: dict[str, float] = queue.get(timeout=1800)
-    process.join()
-    return result
-
-
 def best_of(rounds: int, *measurements: Callable[[], dict[str, float]]) -> list[dict[str, float]]:
     best: list[dict[str, float]] = [{} for _ in measurements]
     for round_number in range(rounds):
-        order = list(range(len(measurements)))
-        if round_number % 2:
-            order.reverse()
-        for index in order:
+        for index in round_order(range(len(measurements)), round_number):
             result = measurements[index]()
             for key, value in result.items():
                 best[index][key] = max(best[index].get(key, -math.inf), value)
@@ -229,29 +207,32 @@ def main() -> int:
     args = parser.parse_args()
 
     trainer, plain = best_of(
-        args.rounds, lambda: isolated(torch_trainer, 2, "single", 0), lambda: isolated(torch_plain)
+        args.rounds,
+        lambda: in_fresh_process(torch_trainer, 2, "single", 0),
+        lambda: in_fresh_process(torch_plain),
     )
     print(f"torch trainer path: {trainer['samples_per_s']:,.0f} samples/s")
     print(f"torch plain loop: {plain['samples_per_s']:,.0f} samples/s")
 
     ddp, threads = best_of(
         args.rounds,
-        lambda: isolated(torch_trainer, 1, "ddp", 2),
-        lambda: isolated(torch_trainer, 2, "single", 0),
+        lambda: in_fresh_process(torch_trainer, 1, "ddp", 2),
+        lambda: in_fresh_process(torch_trainer, 2, "single", 0),
     )
     print(f"DDP 2 processes x 1 thread: {ddp['samples_per_s']:,.0f} samples/s")
     print(f"1 process x 2 threads: {threads['samples_per_s']:,.0f} samples/s")
 
-    tf_path, fit = best_of(args.rounds, lambda: isolated(tf_trainer), lambda: isolated(tf_plain))
+    tf_path, fit = best_of(
+        args.rounds, lambda: in_fresh_process(tf_trainer), lambda: in_fresh_process(tf_plain)
+    )
     print(f"tensorflow trainer path: {tf_path['samples_per_s']:,.0f} samples/s")
     print(f"tensorflow model.fit: {fit['samples_per_s']:,.0f} samples/s")
 
-    print(
-        f"torch_vs_plain: ratio {trainer['samples_per_s'] / plain['samples_per_s']:.2f} (goal 0.95)"
-    )
+    print_ratio("torch_vs_plain", trainer["samples_per_s"] / plain["samples_per_s"], 0.95)
+    # Both sides are the trainer's own path: what DDP costs over threads.
     ratio = ddp["samples_per_s"] / threads["samples_per_s"]
-    print(f"ddp_vs_threads: ratio {ratio:.2f} (goal 0.85)")
-    print(f"tf_vs_fit: ratio {tf_path['samples_per_s'] / fit['samples_per_s']:.2f} (goal 0.95)")
+    print_ratio("ddp_vs_threads", ratio, 0.85, itself=True)
+    print_ratio("tf_vs_fit", tf_path["samples_per_s"] / fit["samples_per_s"], 0.95)
     return 0
 
 

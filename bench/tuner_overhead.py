@@ -25,39 +25,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+import optuna
 
-import optuna  # noqa: E402
-from ingest_throughput import read_metric  # noqa: E402
-
-from compose.study import load_spec  # noqa: E402
-from shared.bus.consumer import BusConsumer  # noqa: E402
-from shared.bus.producer import BusProducer  # noqa: E402
-from shared.bus.topics import ensure_topics  # noqa: E402
-from shared.contracts.aistack.v1 import tuner_service_pb2 as api  # noqa: E402
-from shared.contracts.aistack.v1 import tuning_pb2  # noqa: E402
-from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub  # noqa: E402
-from shared.errors import Unavailable  # noqa: E402
-from shared.ports import free_port  # noqa: E402
-from shared.rpc.client import open_channel  # noqa: E402
-from shared.settings import KafkaSettings, RedisSettings, load_settings  # noqa: E402
-from svc_tuner.settings import topic_specs  # noqa: E402
-from svc_tuner.spec import python_value  # noqa: E402
+from bench.harness import print_ratio
+from bench.services import TunerUnderTest, run_study
+from shared.bus.consumer import BusConsumer
+from shared.bus.producer import BusProducer
+from shared.contracts.aistack.v1 import tuning_pb2
+from shared.errors import Unavailable
+from shared.settings import KafkaSettings
+from svc_tuner.spec import python_value
 
 GOAL_SCALING = 1.8
-GOAL_OVERHEAD = 20.0
+GOAL_OVERHEAD = 20
 
 SPEC = """
 name: bench-{suffix}
@@ -130,66 +117,6 @@ class SleepyConsumer(threading.Thread):
             consumer.close()
 
 
-class TunerUnderTest:
-    def __init__(self, state: Path) -> None:
-        suffix = uuid.uuid4().hex[:8]
-        self.kafka = load_settings(KafkaSettings)
-        self.topics = {
-            name: f"bench.{name}.{suffix}"
-            for name in ("trials", "reports", "control", "results", "dlq")
-        }
-        ensure_topics(
-            self.kafka,
-            topic_specs(**self.topics),
-            partitions=6,
-        )
-        self.grpc = f"127.0.0.1:{free_port()}"
-        self.metrics_port = free_port()
-        env = {
-            **os.environ,
-            "AISTACK_KAFKA_BOOTSTRAP": self.kafka.bootstrap,
-            "AISTACK_REDIS_URL": load_settings(RedisSettings).url,
-            "AISTACK_LOG_LEVEL": "WARNING",
-            "AISTACK_TUNER_GRPC_ADDRESS": self.grpc,
-            "AISTACK_TUNER_STORAGE_PREFIX": f"bench:tuner:{suffix}",
-            "AISTACK_TUNER_GROUP_ID": f"bench-tuner-{suffix}",
-            "AISTACK_TUNER_METRICS_PORT": str(self.metrics_port),
-            **{f"AISTACK_TUNER_{n.upper()}_TOPIC": t for n, t in self.topics.items()},
-        }
-        self._log = (state / f"tuner-{suffix}.log").open("wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "svc_tuner"],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
-
-    def engine_seconds(self) -> float:
-        return read_metric(self.metrics_port, "aistack_tuner_engine_seconds_total")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
-        self._log.close()
-
-
-async def run_study(tuner: TunerUnderTest, spec_text: str) -> tuple[float, float]:
-    """Wall seconds of the study and its best value."""
-    async with open_channel(tuner.grpc) as channel:
-        await asyncio.wait_for(channel.channel_ready(), timeout=60)
-        stub = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
-        spec = load_spec(spec_text)
-        started = time.perf_counter()
-        await stub.CreateStudy(api.CreateStudyRequest(spec=spec))
-        async for update in stub.WatchStudy(api.WatchStudyRequest(study_id=spec.name)):
-            if update.study_state != api.STUDY_STATE_RUNNING:
-                break
-        wall = time.perf_counter() - started
-        best = await stub.GetBestTrial(api.GetBestTrialRequest(study_id=spec.name))
-        return wall, best.trial.value
-
-
 def measure(consumers: int, trials: int, sleep: float, seed: int, state: Path) -> dict[str, float]:
     tuner = TunerUnderTest(state)
     group = f"bench-trainers-{uuid.uuid4().hex[:8]}"
@@ -249,8 +176,8 @@ def main() -> int:
     print(f"in-process Optuna, same sampler and seed: best {peer:.5f}")
     overhead = max(one["overhead"], two["overhead"])
     trial = statistics.median([one["trial"], two["trial"]])
-    print(f"two_vs_one_consumer: ratio {one['wall'] / two['wall']:.2f} (goal {GOAL_SCALING})")
-    print(f"trial_vs_overhead: ratio {trial / overhead:.1f} (goal {GOAL_OVERHEAD:g})")
+    print_ratio("two_vs_one_consumer", one["wall"] / two["wall"], GOAL_SCALING, itself=True)
+    print_ratio("trial_vs_overhead", trial / overhead, GOAL_OVERHEAD, digits=1)
     return 0
 
 

@@ -16,19 +16,19 @@ if TYPE_CHECKING:
 
 
 def _infra(args: argparse.Namespace) -> int:
-    from compose import kafka_dist, spark_dist
+    from compose import kafka_dist
     from compose.local import LocalStack
     from compose.settings import InfraSettings
+    from svc_transform import jars as transform_jars
 
     settings = load_settings(InfraSettings)
     if args.action == "fetch":
         cache = settings.common.cache_dir
         home = kafka_dist.ensure_kafka_jars(cache)
         print(f"kafka {kafka_dist.KAFKA_VERSION} jars in {home / 'libs'}")
-        jars = spark_dist.ensure_connector_jars(cache)
-        print(f"spark {spark_dist.SPARK_VERSION} connectors: {len(jars)} jars in {jars[0].parent}")
-        if spark_dist.pyspark_installed():
-            print(f"svc_transform functions: {spark_dist.ensure_functions_jar(cache)}")
+        # svc_transform's own build: its Spark connectors and JVM functions.
+        for line in transform_jars.build(cache).describe():
+            print(line)
         return 0
     stack = LocalStack(settings)
     if args.action == "up":
@@ -80,8 +80,9 @@ def _stack(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
+    from compose.logs import follow, last_lines
     from compose.settings import StackSettings
-    from compose.stack import ServiceStack, follow, last_lines
+    from compose.stack import ServiceStack
 
     stack = ServiceStack(load_settings(StackSettings))
     names = [args.service] if args.service else stack.names

@@ -18,34 +18,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import statistics
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeVar, cast
 
+from compose.demo_console import Console, ProgressOut, ServiceDied, Summary
+from compose.demo_serving import ServingStep
 from compose.settings import StackSettings
 from compose.stack import ServiceStack, ServiceStatus
-from shared.errors import AistackError
+from compose.topic_counts import NewRecords
 from shared.settings import KafkaSettings, load_settings
 
 T = TypeVar("T")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 STUDIES = PROJECT_ROOT / "examples" / "studies"
-STEPS = 7
 #: How the demo's raw events look: share of malformed and of repeated records.
 BAD_FRACTION = 0.04
 DUPLICATE_FRACTION = 0.04
-FORECAST_FEATURE = "temperature@tumbling-60s"
-
-
-class ServiceDied(AistackError):
-    reason = "service_died"
 
 
 def add_parser(commands: Any) -> None:
@@ -83,64 +77,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-class Console:
-    """Step headers and progress lines, redrawn in place on a terminal."""
-
-    def __init__(self, out: TextIO) -> None:
-        self._out = out
-        self._live = out.isatty()
-        self._started = time.monotonic()
-        self._open = False
-        self._last = ""
-
-    def step(self, number: int, text: str) -> None:
-        self._close()
-        elapsed = time.monotonic() - self._started
-        self._out.write(f"\n[{number}/{STEPS}] {text}   (t+{elapsed:.0f}s)\n")
-        self._out.flush()
-
-    def line(self, text: str) -> None:
-        self._close()
-        self._out.write(text + "\n")
-        self._out.flush()
-
-    def progress(self, text: str) -> None:
-        if text == self._last:
-            return  # a log file gets each state once, a terminal is redrawn
-        self._last = text
-        if self._live:
-            self._out.write("\r\033[K  " + text)
-            self._open = True
-        else:
-            self._out.write("  " + text + "\n")
-        self._out.flush()
-
-    def _close(self) -> None:
-        if self._open:
-            self._out.write("\n")
-            self._open = False
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self._started
-
-
-@dataclass
-class Summary:
-    rows: list[tuple[str, str]] = field(default_factory=list)
-
-    def add(self, name: str, value: object) -> None:
-        self.rows.append((name, str(value)))
-
-    def table(self) -> str:
-        width = max((len(n) for n, _ in self.rows), default=10)
-        rule = "-" * (width + 50)
-        lines = ["", "aistack demo: summary", rule]
-        lines += [f"{name:<{width}}  {value}" for name, value in self.rows]
-        lines.append(rule)
-        return "\n".join(lines)
-
-
 @dataclass(frozen=True)
 class StudyOutcome:
     study_id: str
@@ -163,7 +99,7 @@ class Demo:
         digits = self._digits_study()
         forecast, cross_validations = self._forecast_study(digits)
         self._comparison(*cross_validations)
-        self._serve(digits, forecast)
+        ServingStep(self.stack, self.console, self.summary, self._wait).run(digits, forecast)
         self.console.step(7, f"done in {self.console.elapsed:.0f} s")
         self.summary.add("demo wall time", f"{self.console.elapsed:.0f} s")
         return self.summary
@@ -347,7 +283,7 @@ class Demo:
                 self.console.line(f"  study {study_id} created")
                 if watch:
                     watching = asyncio.ensure_future(
-                        watch_study(stub, study_id, cast(TextIO, _ProgressOut(self.console)))
+                        watch_study(stub, study_id, cast(TextIO, ProgressOut(self.console)))
                     )
                     while not watching.done():
                         await asyncio.to_thread(self.check_services)
@@ -444,144 +380,10 @@ class Demo:
                 f"cross-validation {study_id} has no error for {missing}: {outcome.counts}"
             ) from None
 
-    # ---- 6: serving ----
-
-    def _serve(self, digits: StudyOutcome, forecast: StudyOutcome) -> None:
-        self.console.step(6, "the best model, served: predictions over gRPC")
-        if digits.best is None:
-            raise ServiceDied("the digits study completed no trial: nothing to serve")
-        import grpc
-
-        from shared.contracts.inference import grpc_predict_v2_pb2_grpc as pb_grpc
-
-        with grpc.insecure_channel(self.stack.model_target) as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
-            self._predict_digits(stub, digits)
-            if forecast.best is not None:
-                self._predict_entity(stub, forecast)
-
-    def _predict_digits(self, stub: Any, digits: StudyOutcome) -> None:
-        import numpy as np
-
-        from shared.contracts.aistack.v1 import tuner_service_pb2 as api
-        from svc_trainer.data import load
-
-        name, best_value = digits.best.model_name, digits.best.value
-        trials = self._tuner(
-            lambda tuner: tuner.ListTrials(api.ListTrialsRequest(study_id=digits.study_id))
-        ).trials
-        value_of = {t.model_version: t.value for t in trials if t.HasField("value")}
-        probe_x = np.zeros((1, 8, 8), dtype=np.float32)
-        served: dict[str, str] = {}
-
-        def champion() -> str | None:
-            try:
-                version = stub.ModelInfer(_request(name, probe_x), timeout=10).model_version
-            except Exception as exc:  # not loaded yet: NOT_FOUND, or the server starting
-                served["state"] = getattr(exc, "code", lambda: "waiting")()
-                return None
-            served["state"] = f"serving version {version}"
-            # The champion: a version as good as the study's best (ties serve the first).
-            return version if value_of.get(version) == best_value else None
-
-        version = self._wait(
-            f"{name} to be served", champion, 300, lambda: f"{name}: {served.get('state', '…')}"
-        )
-        data = load("digits", {}, seed=0)
-        latencies, correct = [], 0
-        for x, y in zip(data.x_test, data.y_test, strict=True):
-            started = time.perf_counter()
-            response = stub.ModelInfer(_request(name, x[np.newaxis]), timeout=10)
-            latencies.append(time.perf_counter() - started)
-            out = np.frombuffer(response.raw_output_contents[0], dtype="<f4")
-            correct += int(out.argmax() == y)
-        accuracy = correct / len(data.y_test)
-        p50, p99 = _percentile(latencies, 50), _percentile(latencies, 99)
-        self.console.line(
-            f"  {name} version {version}: {accuracy:.2%} of {len(data.y_test)} held-out digits "
-            f"right; latency p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms (one digit per call)"
-        )
-        self.summary.add(
-            "served model", f"{name} version {version} ({digits.metric} {best_value:.4f})"
-        )
-        self.summary.add("held-out accuracy over gRPC", f"{accuracy:.2%} of {len(data.y_test)}")
-        self.summary.add("gRPC latency p50 / p99", f"{p50 * 1000:.2f} ms / {p99 * 1000:.2f} ms")
-
-    def _predict_entity(self, stub: Any, forecast: StudyOutcome) -> None:
-        import json
-
-        import numpy as np
-
-        from shared.contracts.inference import grpc_predict_v2_pb2 as pb
-        from shared.redis_client import make_redis
-        from shared.settings import RedisSettings
-
-        name = forecast.best.model_name
-        redis = make_redis(RedisSettings(url=self.stack.redis_url))
-        try:
-            entity, window = _an_entity(redis, FORECAST_FEATURE)
-        finally:
-            redis.close()
-        if entity is None:
-            self.summary.add("prediction by entity", f"no entity has {FORECAST_FEATURE} online")
-            return
-        request = pb.ModelInferRequest(model_name=name)
-        request.parameters["entity_id"].string_param = entity
-        request.parameters["feature"].string_param = FORECAST_FEATURE
-
-        def answer() -> Any:
-            try:
-                return stub.ModelInfer(request, timeout=10)
-            except Exception:
-                return None  # the forecaster is still loading
-
-        response = self._wait(f"{name} to answer", answer, 120, lambda: f"{name}: loading")
-        out = response.outputs[0]
-        if response.raw_output_contents:
-            value = float(np.frombuffer(response.raw_output_contents[0], dtype="<f4")[0])
-        else:
-            value = float(out.contents.fp32_contents[0])
-        last = json.loads(window)["mean"]
-        self.console.line(
-            f"  {name} version {response.model_version}, entity {entity}: next mean "
-            f"{value:.2f} (last window's mean {last:.2f}), from its latest window in Redis"
-        )
-        self.summary.add(
-            "prediction by entity", f"{entity}: next mean {value:.2f} (last {last:.2f})"
-        )
-
     def _kafka(self) -> KafkaSettings:
         return load_settings(KafkaSettings).model_copy(
             update={"bootstrap": self.stack.kafka_bootstrap}
         )
-
-
-class _ProgressOut:
-    """A text stream for compose.study.watch that draws through the console."""
-
-    def __init__(self, console: Console) -> None:
-        self._console = console
-
-    def isatty(self) -> bool:
-        return False
-
-    def write(self, text: str) -> int:
-        for line in text.splitlines():
-            if line.strip():
-                self._console.progress(line.strip())
-        return len(text)
-
-    def flush(self) -> None:
-        return None
-
-
-def _request(name: str, x: Any) -> Any:
-    from shared.contracts.inference import grpc_predict_v2_pb2 as pb
-
-    request = pb.ModelInferRequest(model_name=name)
-    request.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
-    request.raw_input_contents.append(x.astype("<f4").tobytes())
-    return request
 
 
 def _pruner_name(spec: Any) -> str:
@@ -601,51 +403,4 @@ def svc_digits_count() -> int:
     return len(load_digits().target)
 
 
-def _percentile(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
-
-
-def _an_entity(redis: Any, feature: str) -> tuple[str | None, str]:
-    prefix = "aistack:features:"
-    for key in redis.scan_iter(match=f"{prefix}*", count=500):
-        window = redis.hget(key, feature)
-        if window is not None:
-            return key.decode().removeprefix(prefix), window.decode()
-    return None, ""
-
-
-class NewRecords:
-    """Counts the records committed to some topics from now on.
-
-    A consumer reading committed records only (librdkafka's default
-    isolation): a transaction's marker takes an offset but is no record, and
-    an aborted transaction's records never count, so the sums of end offsets
-    would overstate a transactional topic. ``reasons_of`` names a dead-letter
-    topic whose records are also counted by reason."""
-
-    def __init__(
-        self, kafka: KafkaSettings, topics: tuple[str, ...], *, reasons_of: str = ""
-    ) -> None:
-        from shared.bus.consumer import BusTail
-        from shared.contracts.aistack.v1 import events_pb2
-
-        self._tail = BusTail(kafka, topics=topics, message_cls=events_pb2.DeadLetter)
-        self._reasons_of = reasons_of
-        self.counts: dict[str, int] = dict.fromkeys(topics, 0)
-        self.reasons: Counter[str] = Counter()
-
-    def update(self) -> dict[str, int]:
-        """Read what arrived since the last call; the counts so far."""
-        while records := self._tail.poll_batch(5000, timeout=0.2):
-            for record in records:
-                self.counts[record.topic] += 1
-                if record.topic == self._reasons_of:
-                    with contextlib.suppress(AistackError):
-                        self.reasons[record.decode().reason] += 1
-        return self.counts
-
-    def close(self) -> None:
-        self._tail.close()
-
-
-__all__ = ["Demo", "NewRecords", "add_parser", "run"]
+__all__ = ["Demo", "ServiceDied", "add_parser", "run"]

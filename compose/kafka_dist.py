@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compose import maven
+from shared import maven
 
 # Kafka 3.9 is the newest line that still serves every protocol version
 # aiokafka (Faust's client) and librdkafka (confluent-kafka) use; 4.x removed

@@ -1,5 +1,6 @@
 """The embedded default: a real Kafka broker (KRaft) and a real redis-server
-as local processes, no Docker. Data lives under the state directory.
+as local processes (run by ``compose.processes``), no Docker. Data lives
+under the state directory.
 
 ``up`` is idempotent (a running stack is left alone, stale pid files are
 cleaned) and all-or-nothing (a failure stops what this call started).
@@ -7,20 +8,20 @@ cleaned) and all-or-nothing (a failure stops what this call started).
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from compose import kafka_dist
+from compose.processes import ManagedProcess, Readiness, Supervisor, port_open
 from compose.settings import InfraSettings
 from shared.errors import AistackError, ConfigError, Unavailable
+
+#: How long ``down`` gives each server to stop before SIGKILL.
+STOP_TIMEOUT = 60.0
 
 
 class PortTaken(AistackError):
@@ -37,15 +38,11 @@ class ServerStatus:
 
 
 @dataclass(frozen=True)
-class _Server:
-    name: str
-    # A word in the process's command line, to tell our process from a
-    # stranger that reused the pid.
-    cmdline_marker: str
+class Server(ManagedProcess):
+    """Kafka or Redis: where it listens, and where clients find it."""
+
     port: int
     address: str
-    pid_file: Path
-    log_file: Path
 
 
 class LocalStack:
@@ -54,22 +51,23 @@ class LocalStack:
         self.root = settings.common.state_dir / "infra"
         self.cache_dir = settings.common.cache_dir
         host = settings.host
-        self.kafka = _Server(
+        self.kafka = Server(
             "kafka",
             "kafka.Kafka",
-            settings.kafka_port,
-            f"{host}:{settings.kafka_port}",
             self.root / "kafka.pid",
             self.root / "kafka.log",
+            settings.kafka_port,
+            f"{host}:{settings.kafka_port}",
         )
-        self.redis = _Server(
+        self.redis = Server(
             "redis",
             "redis-server",
-            settings.redis_port,
-            f"redis://{host}:{settings.redis_port}/0",
             self.root / "redis.pid",
             self.root / "redis.log",
+            settings.redis_port,
+            f"redis://{host}:{settings.redis_port}/0",
         )
+        self._supervisor = Supervisor()
 
     # ---- public ----
 
@@ -80,6 +78,10 @@ class LocalStack:
     @property
     def redis_url(self) -> str:
         return self.redis.address
+
+    def server(self, name: str) -> Server:
+        """ "kafka" or "redis"; KeyError for any other name."""
+        return {"kafka": self.kafka, "redis": self.redis}[name]
 
     def up(self) -> list[ServerStatus]:
         """Start whatever is not running and wait until both answer."""
@@ -99,7 +101,7 @@ class LocalStack:
         for server in (self.kafka, self.redis):
             if self._alive_pid(server) is None:
                 self._check_port_free(server)
-        started: list[_Server] = []
+        started: list[Server] = []
         try:
             for server, start, ready in (
                 (self.kafka, self._start_kafka, self._kafka_ready),
@@ -114,15 +116,19 @@ class LocalStack:
                 self._wait(server, ready)
         except BaseException:
             for server in reversed(started):
-                self._stop(server)
+                self.stop_server(server.name)
             raise
         return self.status()
 
-    def down(self, timeout: float = 60.0) -> list[ServerStatus]:
+    def down(self, timeout: float = STOP_TIMEOUT) -> list[ServerStatus]:
         """Stop both servers cleanly (SIGTERM, then SIGKILL after ``timeout``)."""
         for server in (self.redis, self.kafka):
-            self._stop(server, timeout)
+            self.stop_server(server.name, timeout)
         return self.status()
+
+    def stop_server(self, name: str, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop "kafka" or "redis" alone (SIGTERM, then SIGKILL after ``timeout``)."""
+        self._supervisor.stop([self.server(name)], timeout)
 
     def status(self) -> list[ServerStatus]:
         return [
@@ -230,7 +236,7 @@ class LocalStack:
     def _kafka_ready(self) -> bool:
         from confluent_kafka.admin import AdminClient
 
-        if not _port_open(self.settings.host, self.settings.kafka_port):
+        if not port_open(self.settings.host, self.settings.kafka_port):
             return False
         try:
             admin = AdminClient(
@@ -276,72 +282,36 @@ class LocalStack:
 
     # ---- processes ----
 
-    def _spawn(self, server: _Server, command: list[str]) -> None:
-        with server.log_file.open("ab") as log:
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # outlives the CLI; not killed with its terminal
-                cwd=self.root,
-            )
-        server.pid_file.write_text(f"{process.pid}\n")
+    def _spawn(self, server: Server, command: list[str]) -> None:
+        self._supervisor.spawn(server, command, cwd=self.root)
 
-    def _wait(self, server: _Server, ready: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + self.settings.start_timeout
-        while time.monotonic() < deadline:
-            if ready():
-                return
-            if self._alive_pid(server) is None:
-                raise Unavailable(
-                    f"{server.name} exited during start-up; last lines of {server.log_file}: "
-                    f"{_tail(server.log_file)}"
-                )
-            time.sleep(0.25)
-        raise Unavailable(
-            f"{server.name} did not answer on {server.address} within "
-            f"{self.settings.start_timeout:.0f}s; see {server.log_file}"
+    def _wait(self, server: Server, ready: Callable[[], bool]) -> None:
+        self._supervisor.wait_ready(
+            [Readiness(server, ready, f"on {server.address}")],
+            timeout=self.settings.start_timeout,
+            hint="raise AISTACK_INFRA_START_TIMEOUT if it is only slow",
         )
 
-    def _alive_pid(self, server: _Server) -> int | None:
-        """The server's pid if it is running; cleans a stale pid file."""
-        try:
-            pid = int(server.pid_file.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
-        if _is_our_process(pid, server.cmdline_marker):
-            return pid
-        server.pid_file.unlink(missing_ok=True)
-        return None
+    def _alive_pid(self, server: Server) -> int | None:
+        """The server's pid if it is running; removes a stale pid file."""
+        pid = server.pid()
+        if pid is None:
+            server.pid_file.unlink(missing_ok=True)
+        return pid
 
-    def _check_port_free(self, server: _Server) -> None:
-        if _port_open(self.settings.host, server.port):
+    def _check_port_free(self, server: Server) -> None:
+        if port_open(self.settings.host, server.port):
             raise PortTaken(
                 f"port {server.port} on {self.settings.host} is already taken by another process; "
                 f"stop it or set AISTACK_INFRA_{server.name.upper()}_PORT"
             )
-        if server is self.kafka and _port_open(
+        if server is self.kafka and port_open(
             self.settings.host, self.settings.kafka_controller_port
         ):
             raise PortTaken(
                 f"port {self.settings.kafka_controller_port} on {self.settings.host} is already "
                 "taken; stop it or set AISTACK_INFRA_KAFKA_CONTROLLER_PORT"
             )
-
-    def _stop(self, server: _Server, timeout: float = 60.0) -> None:
-        pid = self._alive_pid(server)
-        if pid is None:
-            return
-        os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and _pid_running(pid):
-            time.sleep(0.2)
-        if _pid_running(pid):
-            os.killpg(pid, signal.SIGKILL)
-            while _pid_running(pid):
-                time.sleep(0.1)
-        server.pid_file.unlink(missing_ok=True)
 
 
 def _kafka_cluster_id() -> str:
@@ -354,41 +324,3 @@ def _kafka_cluster_id() -> str:
         found = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not found.startswith("-"):
             return found
-
-
-def _port_open(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
-
-
-def _pid_running(pid: int) -> bool:
-    try:
-        # A zombie (our own exited child) counts as gone.
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError, ProcessLookupError):
-        return False
-
-
-def _is_our_process(pid: int, marker: str) -> bool:
-    # redis-server rewrites its process title as it starts: for a moment its
-    # cmdline reads empty. Read again rather than take it for someone else's.
-    for _ in range(40):
-        if not _pid_running(pid):
-            return False
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            return False
-        if cmdline.strip():
-            return marker in cmdline
-        time.sleep(0.005)
-    return False
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except FileNotFoundError:
-        return "(no log)"

@@ -1,14 +1,42 @@
-"""Settings of the local launcher (``aistack infra``) and of the whole stack (``aistack up``)."""
+"""Settings of the ``aistack`` command: the local launcher (``aistack
+infra``), the whole stack (``aistack up``) and the study client (``aistack
+study``). The only module of ``compose`` that reads the environment.
+"""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import NamedTuple
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.settings import CommonSettings
+
+
+def inherited_environment() -> dict[str, str]:
+    """A copy of this process's environment, which the services the stack
+    starts inherit (PATH, JAVA_HOME, the user's own ``AISTACK_*`` tuning)."""
+    return dict(os.environ)
+
+
+class StudyClientSettings(BaseSettings):
+    """``aistack study``: where svc_tuner answers and how to reach it.
+
+    The names are svc_tuner's own (``AISTACK_TUNER_*``) where both sides need
+    the value: the token the tuner checks is the one the client sends.
+    """
+
+    # An empty variable means unset, as for a shell's ${VAR:-default}.
+    model_config = SettingsConfigDict(
+        env_prefix="AISTACK_TUNER_", frozen=True, extra="ignore", env_ignore_empty=True
+    )
+
+    target: str = "localhost:50051"
+    # A CA file: the client then connects with TLS.
+    tls_ca_file: Path | None = None
+    auth_token: SecretStr | None = None
 
 
 class InfraSettings(BaseSettings):

@@ -8,24 +8,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import grpc
 import yaml
 from google.protobuf import json_format
 
+from compose.settings import StudyClientSettings
 from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 from shared.errors import InvalidArgument
 from shared.rpc.client import open_channel
+from shared.settings import load_settings
 
-DEFAULT_TARGET = "localhost:50051"
 BAR_WIDTH = 24
 
 
@@ -87,14 +87,14 @@ def fold_errors(trials: Iterable[api.Trial], folds: int) -> list[float]:
 
 def add_parser(commands: Any) -> None:
     study = commands.add_parser("study", help="hyperparameter studies on svc_tuner")
+    # Their defaults are StudyClientSettings', read when the command runs: a
+    # bad AISTACK_TUNER_* then fails `aistack study` alone, naming the variable.
+    default_target = StudyClientSettings.model_fields["target"].default
     study.add_argument(
         "--tuner",
-        default=os.environ.get("AISTACK_TUNER_TARGET", DEFAULT_TARGET),
-        help=f"svc_tuner's address (AISTACK_TUNER_TARGET, default {DEFAULT_TARGET})",
+        help=f"svc_tuner's address (AISTACK_TUNER_TARGET, default {default_target})",
     )
-    study.add_argument(
-        "--ca", default=os.environ.get("AISTACK_TUNER_TLS_CA_FILE"), help="CA file: use TLS"
-    )
+    study.add_argument("--ca", help="CA file: use TLS (AISTACK_TUNER_TLS_CA_FILE)")
     actions = study.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="create a study from a YAML or JSON spec")
     create.add_argument("-f", "--file", required=True, help="the spec; - for standard input")
@@ -111,14 +111,27 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(_run(args))
+    return asyncio.run(_run(args, load_settings(StudyClientSettings)))
 
 
-async def _run(args: argparse.Namespace) -> int:
-    token = os.environ.get("AISTACK_TUNER_AUTH_TOKEN")
-    async with open_channel(
-        args.tuner, tls_ca_file=Path(args.ca) if args.ca else None, token=token
-    ) as channel:
+class TunerConnection(NamedTuple):
+    target: str
+    tls_ca_file: Path | None
+    token: str | None
+
+
+def tuner_connection(args: argparse.Namespace, settings: StudyClientSettings) -> TunerConnection:
+    """Where and how to reach svc_tuner: the flags, else the settings."""
+    return TunerConnection(
+        args.tuner or settings.target,
+        Path(args.ca) if args.ca else settings.tls_ca_file,
+        settings.auth_token.get_secret_value() if settings.auth_token else None,
+    )
+
+
+async def _run(args: argparse.Namespace, settings: StudyClientSettings) -> int:
+    target, ca_file, token = tuner_connection(args, settings)
+    async with open_channel(target, tls_ca_file=ca_file, token=token) as channel:
         stub = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
         try:
             return await _dispatch(stub, args)

@@ -1,13 +1,14 @@
 """The model registry is the log: ``aistack.models.ready``, replayed on start
 and followed after.
 
-One thread reads the topic (every partition, no consumer group: every
-replica of the server sees every model) and hands events to the inference
-core on the event loop, one at a time and in order. Start-up reads up to
-where the topic ended when the server started, then the core loads what the
-policy keeps and the server reports ready. A record that is not a
-ModelReady, or an event whose artifact is refused, becomes a dead letter with
-the original bytes and the reason; the server keeps serving.
+One thread runs the bus's consume loop over the topic (every partition, no
+consumer group: every replica of the server sees every model) and hands
+events to the inference core on the event loop, one at a time and in order
+(``svc_model.handlers``). Start-up reads up to where the topic ended when
+the server started, then the core loads what the policy keeps and the
+server reports ready. A record that is not a ModelReady, or an event whose
+artifact is refused, becomes a dead letter with the original bytes and the
+reason; the server keeps serving.
 """
 
 from __future__ import annotations
@@ -15,34 +16,34 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from shared.bus.consumer import BusTail, Record
-from shared.bus.deadletter import from_record, from_undecodable
-from shared.bus.producer import BusProducer
-from shared.contracts.aistack.v1 import events_pb2, models_pb2
-from shared.errors import Unavailable, UndecodableRecord
+from shared.bus.loop import BatchHandler, ConsumeLoop, DeadLetters, Publisher, each
+from shared.contracts.aistack.v1 import models_pb2
+from shared.errors import Unavailable
 from shared.log import get_logger
+from svc_model.handlers import ModelReadyHandler
 from svc_model.inference import InferenceCore
-from svc_model.runners import ArtifactRejected
 from svc_model.settings import ModelSettings
 
 SERVICE = "svc_model"
 
 log = get_logger(SERVICE)
 
-_Key = tuple[str, str]
+T = TypeVar("T")
 
 
 class RegistryFollower:
-    def __init__(self, settings: ModelSettings, core: InferenceCore, producer: BusProducer) -> None:
+    def __init__(self, settings: ModelSettings, core: InferenceCore, producer: Publisher) -> None:
         self._settings = settings
-        self._core = core
         self._producer = producer
-        self._records: dict[_Key, Record[models_pb2.ModelReady]] = {}
+        self._dead_letters = DeadLetters(producer, topic=settings.dlq_topic, service=SERVICE)
+        self._handler = ModelReadyHandler(core, self._dead_letters)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
-        core.on_rejected = self._rejected
 
     async def start(self) -> None:
         """Replay the topic into the core; returns once the server can be ready.
@@ -98,58 +99,51 @@ class RegistryFollower:
     def _replay(
         self, tail: BusTail[models_pb2.ModelReady], loop: asyncio.AbstractEventLoop
     ) -> None:
+        handler = self._handler
+        reading = self._loop(tail, handler.collect, max_records=500)
         started = time.monotonic()
-        events: dict[_Key, models_pb2.ModelReady] = {}
         count = 0
         while not self._stop.is_set() and not tail.caught_up():
-            for record in tail.poll_batch(500, timeout=0.2):
-                count += 1
-                event = self._decode(record)
-                if event is not None:
-                    events[(event.model_name, event.version)] = event
+            count += reading.step()
         log.info(
             "registry.read",
             records=count,
-            versions=len(events),
+            versions=handler.collected,
             seconds=round(time.monotonic() - started, 2),
         )
-        asyncio.run_coroutine_threadsafe(self._core.replay(events.values()), loop).result()
+        _on(loop, handler.replay())
         self._producer.flush()  # dead letters of refused artifacts
 
     def _follow(
         self, tail: BusTail[models_pb2.ModelReady], loop: asyncio.AbstractEventLoop
     ) -> None:
-        while not self._stop.is_set():
-            for record in tail.poll_batch(100, timeout=0.2):
-                event = self._decode(record)
-                if event is None:
-                    continue
-                log.info("registry.event", model=event.model_name, version=event.version)
-                asyncio.run_coroutine_threadsafe(self._core.offer(event), loop).result()
-                self._producer.flush()
+        def offer(event: models_pb2.ModelReady, record: Record[models_pb2.ModelReady]) -> None:
+            _on(loop, self._handler.offer(event, record))
 
-    def _decode(self, record: Record[models_pb2.ModelReady]) -> models_pb2.ModelReady | None:
-        if record.value is None:
-            return None  # a tombstone: the registry forgets nothing it has loaded
-        try:
-            event = record.decode()
-        except UndecodableRecord as error:
-            self._dead_letter(from_undecodable(error, service=SERVICE))
-            return None
-        self._records[(event.model_name, event.version)] = record
-        return event
+        self._loop(tail, each(offer), max_records=100).run(self._stop.is_set)
 
-    def _rejected(self, event: models_pb2.ModelReady, error: ArtifactRejected) -> None:
-        record = self._records.get((event.model_name, event.version))
-        if record is None:
-            return  # an explicit load of an event already dead-lettered
-        self._dead_letter(
-            from_record(record, reason=error.reason, message=str(error), service=SERVICE)
+    def _loop(
+        self,
+        tail: BusTail[models_pb2.ModelReady],
+        handler: BatchHandler[models_pb2.ModelReady],
+        *,
+        max_records: int,
+    ) -> ConsumeLoop[models_pb2.ModelReady]:
+        # A tombstone is skipped: the registry forgets nothing it has loaded.
+        return ConsumeLoop(
+            tail,
+            handler,
+            publisher=self._producer,
+            dead_letters=self._dead_letters,
+            max_records=max_records,
+            poll_timeout=0.2,
+            skip_tombstones=True,
         )
 
-    def _dead_letter(self, letter: events_pb2.DeadLetter) -> None:
-        self._producer.publish_dead_letter(self._settings.dlq_topic, letter)
-        log.warning("model.dead_lettered", reason=letter.reason, message=letter.message)
+
+def _on(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work`` on the core's event loop and wait for it."""
+    return asyncio.run_coroutine_threadsafe(work, loop).result()
 
 
 def _set_result(future: asyncio.Future[None]) -> None:

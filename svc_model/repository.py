@@ -8,13 +8,13 @@ already holds a version finishes on it, whatever is promoted meanwhile.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.contracts.aistack.v1 import common_pb2, models_pb2
+from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import InvalidArgument, NotFound
+from shared.objective import Standing, is_refit
 from svc_model.settings import Policy
 
 READY = "READY"
@@ -63,33 +63,29 @@ def version_number(version: str) -> int:
     return int(version)
 
 
-def objective_value(event: models_pb2.ModelReady) -> float | None:
-    """The event's value of its own objective, oriented so that lower is better."""
+def standing(event: models_pb2.ModelReady) -> Standing:
+    """How a version stands on its own objective (``shared.objective``'s rule:
+    a refit, or a version without the metric, is not judged by it)."""
     metric = event.objective.metric
-    if not metric or metric not in event.metrics:
-        return None
-    value = event.metrics[metric]
-    if math.isnan(value):
-        return None
-    return -value if event.objective.direction == common_pb2.DIRECTION_MAXIMIZE else value
+    value = event.metrics[metric] if metric and metric in event.metrics else None
+    return Standing.of(
+        value,
+        event.objective.direction,
+        version_number(event.version),
+        refit=is_refit(event.labels),
+    )
 
 
 def better(new: models_pb2.ModelReady, current: models_pb2.ModelReady, policy: Policy) -> bool:
     """Whether ``new`` should replace ``current`` as the serving version."""
-    newer = version_number(new.version) > version_number(current.version)
     if policy == "latest":
-        return newer
-    new_value, current_value = objective_value(new), objective_value(current)
-    if new_value is None:
-        return current_value is None and newer
-    if current_value is None:
-        return True
-    return new_value < current_value
+        return version_number(new.version) > version_number(current.version)
+    return standing(new).beats(standing(current))
 
 
 def wanted(events: Iterable[models_pb2.ModelReady], policy: Policy, keep: int) -> list[int]:
     """Which versions of one model to load, from all its events: the champion
-    the rule picks over them in version order, and the ``keep`` newest."""
+    the rule picks over them, and the ``keep`` newest."""
     ordered = sorted(events, key=lambda e: version_number(e.version))
     if not ordered:
         return []

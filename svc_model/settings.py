@@ -9,6 +9,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from shared.bus.topics import EVENTS_DLQ, MODELS_READY, TOPICS_BY_NAME, TopicSpec
+from shared.feature_store import ONLINE_KEY_PREFIX
 from shared.rpc.settings import GrpcServerSettings
 
 #: "champion": a new version serves only when its objective beats the serving
@@ -39,7 +40,7 @@ class ModelSettings(GrpcServerSettings):
     # Threads each framework uses inside one execution (0: the framework's default).
     intra_op_threads: int = Field(default=0, ge=0, le=1024)
     # svc_transform's online store: one hash per entity under this prefix.
-    online_key_prefix: str = "aistack:features:"
+    online_key_prefix: str = ONLINE_KEY_PREFIX
     # Where artifacts on remote stores (s3://…) are copied before loading.
     artifact_cache_dir: Path | None = None
     # How long start-up waits to replay the models topic before giving up.

@@ -35,13 +35,9 @@ def main() -> int:
 
 
 def serve(settings: TrainerSettings) -> int:
-    from shared.bus.producer import BusProducer
-    from shared.bus.topics import ensure_topics
-    from svc_trainer.executor import ExecutorPool, Limits
-    from svc_trainer.metrics import TrainerMetrics
-    from svc_trainer.worker import SERVICE, Worker
+    from svc_trainer.app import build_worker
 
-    ensure_topics(settings.kafka, settings.topic_specs())
+    worker = build_worker(settings)
     serve_metrics(settings.metrics_port)
     stopping = threading.Event()
 
@@ -50,20 +46,6 @@ def serve(settings: TrainerSettings) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    executors = ExecutorPool(
-        settings.runner_paths(),
-        Limits(
-            max_trials=settings.executor_max_trials,
-            max_memory_bytes=settings.executor_max_memory_mb << 20,
-        ),
-        threads=settings.threads,
-        cached_datasets=settings.cached_datasets,
-        log_level=settings.common.log_level,
-        log_format=settings.common.log_format,
-    )
-    worker = Worker(
-        settings, BusProducer(settings.kafka, source=SERVICE), TrainerMetrics.create(), executors
-    )
     worker.run(stopping)
     return 0
 

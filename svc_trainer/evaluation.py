@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shared.objective import is_refit
 from svc_trainer.plan import (
     TASK_CLASSIFICATION,
     Channel,
@@ -47,7 +48,6 @@ from svc_trainer.plan import (
     TrialError,
 )
 
-REFIT = "refit"
 CV_FOLDS = "cv_folds"
 CV_SEED = "cv_seed"
 CV_FOLD = "cv_fold"
@@ -58,7 +58,7 @@ def prepare(data: DataSplits, options: Mapping[str, str]) -> DataSplits:
     """The splits a trial with ``options`` trains on (before any folds)."""
     if cv_folds(options):
         return data
-    if options.get(REFIT, "").lower() == "true":
+    if is_refit(options):
         return refit_splits(data)
     return data
 

@@ -25,104 +25,37 @@ trial gave is kept:
 Executors are started with ``spawn`` (no inherited Kafka clients or threads)
 and are not daemons, so they may start the ranks or workers of a
 multi-process strategy. They die with the worker (``die_with_parent``).
+
+Three modules, by the side of the pipe: this one is the worker's (the
+``Executor`` handle and the ``ExecutorPool``), ``executor_process`` is what
+runs in the executor, and ``executor_events`` is what they say to each
+other.
 """
 
 from __future__ import annotations
 
-import gc
 import multiprocessing as mp
-import os
-import resource
-import sys
 import time
-import traceback
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
-from shared.log import configure_logging, get_logger
-from svc_trainer.lifetime import die_with_parent
-from svc_trainer.plan import (
-    DataLoaded,
-    DataRequest,
-    DataSplits,
-    Runner,
-    RunResult,
-    RunSpec,
-    StopReason,
-    TrialError,
+from shared.log import get_logger
+from svc_trainer.executor_events import (
+    Epoch,
+    Event,
+    Failed,
+    Finished,
+    Idle,
+    Job,
+    NeedsFresh,
+    Ready,
+    Started,
 )
+from svc_trainer.executor_process import executor_main
+from svc_trainer.plan import DataLoaded, StopReason, TrialError
 
 log = get_logger("svc_trainer")
-
-# ---- what an executor says ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Ready:
-    """The executor imported its runner and warmed up; it takes trials now."""
-
-    pid: int
-    warm_seconds: float
-
-
-@dataclass(frozen=True)
-class Started:
-    resumed_from_step: int
-    note: str = ""
-    # Which process runs the trial, and how many trials it ran before (0:
-    # this is its first): the proof that executors are reused.
-    pid: int = 0
-    trials_before: int = 0
-    data_cached: bool = False
-
-
-@dataclass(frozen=True)
-class Epoch:
-    step: int
-    metrics: Mapping[str, float]
-
-
-@dataclass(frozen=True)
-class Finished:
-    result: RunResult
-
-
-@dataclass(frozen=True)
-class Failed:
-    reason: str
-    message: str
-    # False when the configuration is at fault (the tuner quarantines it).
-    retryable: bool
-
-
-@dataclass(frozen=True)
-class NeedsFresh:
-    """The trial needs a process whose framework runtime never ran: the warm
-    executor did not start it and exits; run it in a one-shot executor."""
-
-
-@dataclass(frozen=True)
-class Idle:
-    """The trial ended (its Finished or Failed came first) and its state was
-    released; ``retiring``: the executor exits now."""
-
-    rss_bytes: int
-    retiring: bool
-
-
-Event = Ready | Started | Epoch | DataLoaded | Finished | Failed | NeedsFresh | Idle
-
-
-@dataclass(frozen=True)
-class Job:
-    spec: RunSpec
-    data: DataRequest
-
-
-# ---- the worker's side ------------------------------------------------------------------
 
 
 class Executor:
@@ -156,7 +89,7 @@ class Executor:
         self._seen_beats = (0, time.monotonic())
         self._gone = False
         self._process = context.Process(
-            target=_main,
+            target=executor_main,
             args=(
                 runner_path,
                 one_shot,
@@ -412,156 +345,6 @@ class ExecutorPool:
         self._warm.clear()
 
 
-# ---- the executor's side ----------------------------------------------------------------
-
-
-class _PipeChannel:
-    def __init__(self, events: Connection, stop: Any, beats: Any) -> None:
-        self._events, self._stop, self._beats = events, stop, beats
-        self.started_with: dict[str, Any] = {}
-
-    def started(self, resumed_from_step: int, note: str = "") -> None:
-        self._beats.value += 1
-        self._events.send(Started(resumed_from_step, note, **self.started_with))
-
-    def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
-        self._beats.value += 1
-        self._events.send(Epoch(step, dict(metrics)))
-
-    def stop_requested(self) -> StopReason:
-        self._beats.value += 1
-        return StopReason(self._stop.value)
-
-
-class _DataCache:
-    """The datasets this executor loaded, by ``data.cache_key``, newest last."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._entries: OrderedDict[tuple[str, ...], DataSplits] = OrderedDict()
-
-    def get(self, request: DataRequest) -> tuple[DataSplits, bool]:
-        from svc_trainer import data as datasets
-
-        key = datasets.cache_key(
-            request.dataset, request.options, seed=request.seed, features_path=request.features_path
-        )
-        if key in self._entries:
-            self._entries.move_to_end(key)
-            return self._entries[key], True
-        loaded = datasets.load(
-            request.dataset, request.options, seed=request.seed, features_path=request.features_path
-        )
-        if self._size > 0:
-            self._entries[key] = loaded
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
-        return loaded, False
-
-
-def _main(
-    runner_path: str,
-    one_shot: bool,
-    threads: int,
-    cached_datasets: int,
-    pipe: Connection,
-    stop: Any,
-    beats: Any,
-    log_level: str,
-    log_format: str,
-) -> None:
-    die_with_parent()
-    configure_logging("svc_trainer", log_level, log_format)
-    code = 0
-    try:
-        from svc_trainer import runners
-
-        began = time.monotonic()
-        runner = runners.load(runner_path)
-        if not one_shot:
-            runner.warm_up(threads)
-        pipe.send(Ready(os.getpid(), time.monotonic() - began))
-        cache = _DataCache(cached_datasets)
-        done = 0
-        while (job := pipe.recv()) is not None:
-            if not one_shot and runner.fresh_process(job.spec):
-                pipe.send(NeedsFresh())
-                break
-            _run_trial(runner, job, cache, pipe, stop, beats, trials_before=done)
-            done += 1
-            pipe.send(Idle(_rss_bytes(), retiring=one_shot))
-            if one_shot:
-                break
-    except EOFError:
-        pass  # the worker is gone
-    except BaseException:
-        log.error("executor.crashed", error=traceback.format_exc())
-        code = 1
-    finally:
-        pipe.close()
-        # Everything is said; skip the interpreter's teardown, where a
-        # framework's threads (gloo, TensorFlow) now and then abort the process.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def _run_trial(
-    runner: Runner,
-    job: Job,
-    cache: _DataCache,
-    events: Connection,
-    stop: Any,
-    beats: Any,
-    *,
-    trials_before: int,
-) -> None:
-    spec = job.spec
-    log_ = get_logger("svc_trainer")
-    try:
-        splits, cached = cache.get(job.data)
-        from svc_trainer import evaluation
-
-        splits = evaluation.prepare(splits, spec.options)
-        events.send(
-            DataLoaded(
-                splits.name,
-                splits.version,
-                splits.source,
-                splits.offsets,
-                splits.feature,
-                train_examples=len(splits.y_train),
-            )
-        )
-        channel = _PipeChannel(events, stop, beats)
-        channel.started_with = {
-            "pid": os.getpid(),
-            "trials_before": trials_before,
-            "data_cached": cached,
-        }
-        result = evaluation.run(runner, spec, splits, channel)
-        events.send(Finished(result))
-    except TrialError as exc:
-        events.send(Failed(exc.reason, str(exc), retryable=False))
-    except Exception as exc:  # the machine's fault, not the trial's: may be retried
-        log_.error("trial.crashed", trial_id=spec.trial_id, error=traceback.format_exc())
-        events.send(Failed("training_error", f"{type(exc).__name__}: {exc}", retryable=True))
-    finally:
-        try:
-            runner.release()
-        finally:
-            gc.collect()
-
-
-def _rss_bytes() -> int:
-    """This process's resident memory now (its peak where /proc is absent)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 __all__ = [
     "DataLoaded",
     "Epoch",
@@ -576,4 +359,5 @@ __all__ = [
     "NeedsFresh",
     "Ready",
     "Started",
+    "replacement_reason",
 ]

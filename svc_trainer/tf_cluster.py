@@ -17,24 +17,20 @@ cluster (``spec.tf_config``), ``server`` runs a ps or worker task of a
 parameter-server cluster as is; a MultiWorkerMirrored worker there is a
 trainer calling ``tf_runner.run`` with a tf_config naming its own (non-chief)
 task. Children never outlive the chief: ``LocalCluster`` terminates them when
-it closes, and each child exits by itself when its parent dies
-(``lifetime.die_with_parent``: a SIGKILLed trial process runs no cleanup).
+it closes, and each child exits by itself when its parent dies (``main``
+calls ``lifetime.die_with_parent`` first: a SIGKILLed trial process runs no
+cleanup).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -45,6 +41,7 @@ import numpy as np
 
 from shared.log import configure_logging, get_logger
 from shared.ports import free_ports
+from svc_trainer.launch import LocalGroup
 from svc_trainer.lifetime import die_with_parent
 from svc_trainer.plan import DataSplits, Hyperparams, RunSpec, TrialError
 
@@ -52,8 +49,6 @@ log = get_logger("svc_trainer")
 
 # The chief waits this long for a child to exit on SIGTERM before SIGKILL.
 TERMINATE_GRACE_S = 5.0
-WATCH_INTERVAL_S = 0.5
-_PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -155,15 +150,15 @@ def read_job(directory: Path) -> tuple[RunSpec, DataSplits]:
 
 
 class LocalCluster:
-    """The child tasks of a localhost cluster; a context manager that always
-    reaps them (SIGTERM, then SIGKILL after ``TERMINATE_GRACE_S``)."""
+    """The child tasks of a localhost cluster, started and reaped by a
+    ``launch.LocalGroup``; a context manager that always reaps them and
+    removes the job directory."""
 
     def __init__(self, role: Role, trial_id: str) -> None:
         self.role = role
         self._trial_id = trial_id
-        self._children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._group = LocalGroup(trial_id, grace_s=TERMINATE_GRACE_S)
         self._job_dir: Path | None = None
-        self._closing = threading.Event()
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -193,63 +188,29 @@ class LocalCluster:
 
     def _start(self, task_type: str, index: int, args: list[str]) -> None:
         # The child's environment is ours plus its TF_CONFIG: it is a standard TF task.
-        env = dict(os.environ)
-        env["TF_CONFIG"] = self.role.for_task(task_type, index).tf_config()
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p
-        )
-        command = [sys.executable, "-m", "svc_trainer.tf_cluster", *args]
-        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
-        name = f"{task_type}:{index}"
-        self._children.append((name, process))
-        log.info("tf_cluster.started", trial_id=self._trial_id, task=name, pid=process.pid)
+        env = {"TF_CONFIG": self.role.for_task(task_type, index).tf_config()}
+        self._group.start_module(f"{task_type}:{index}", "svc_trainer.tf_cluster", args, env)
 
     def watch(self, on_failure: Callable[[str, int], None]) -> None:
         """Call ``on_failure(task, exit code)`` (once, from a thread) when a
         child dies with an error before ``close``: a synchronous strategy's
         collectives would otherwise wait for it forever."""
-
-        def poll() -> None:
-            while not self._closing.wait(WATCH_INTERVAL_S):
-                if failed := self.failed():
-                    if not self._closing.is_set():
-                        on_failure(*failed[0])
-                    return
-
-        threading.Thread(target=poll, name="tf-cluster-watch", daemon=True).start()
+        self._group.watch(on_failure)
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for _, p in self._children]
+        return self._group.pids
 
     def failed(self) -> list[tuple[str, int]]:
         """Children that exited with an error, with their exit codes."""
-        return [(n, rc) for n, p in self._children if (rc := p.poll()) is not None and rc != 0]
+        return self._group.failed()
 
     def wait(self, timeout: float) -> bool:
         """Wait for every child to exit on its own; whether they all did."""
-        deadline = time.monotonic() + timeout
-        for _, process in self._children:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(max(0.0, deadline - time.monotonic()))
-        return all(p.poll() is not None for _, p in self._children)
+        return self._group.wait(timeout)
 
     def close(self) -> None:
-        self._closing.set()
-        for _, process in self._children:
-            if process.poll() is None:
-                process.terminate()
-        deadline = time.monotonic() + TERMINATE_GRACE_S
-        for name, process in self._children:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            log.info(
-                "tf_cluster.reaped", trial_id=self._trial_id, task=name, code=process.returncode
-            )
-        self._children.clear()
+        self._group.close()
         if self._job_dir is not None:
             shutil.rmtree(self._job_dir, ignore_errors=True)
             self._job_dir = None

@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     die_with_parent()
 
     from svc_trainer import data as datasets
-    from svc_trainer import torch_runner
+    from svc_trainer import torch_ddp, torch_runner
 
     request = json_format.Parse(args.trial.read_text(), tuning_pb2.TrialRequested())
     store = ArtifactStore(args.out)
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = datasets.load(
                 wanted.dataset, wanted.options, seed=wanted.seed, features_path=wanted.features_path
             )
-            result, model = torch_runner.train_under_launcher(spec, data, _PrintChannel(upload))
+            result, model = torch_ddp.train_under_launcher(spec, data, _PrintChannel(upload))
         except TrialError as error:
             print(json.dumps({"event": "failed", "reason": error.reason, "message": str(error)}))
             return 2

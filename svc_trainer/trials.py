@@ -15,6 +15,7 @@ from pathlib import Path
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1 import common_pb2, models_pb2, tuning_pb2
+from shared.objective import REFIT, is_refit
 from svc_trainer import evaluation
 from svc_trainer.plan import (
     DataLoaded,
@@ -243,7 +244,7 @@ def _labels(
         "dataset_source": data.source if data else "",
         "trainer": trainer_id,
         "attempt": str(request.attempt),
-        "refit": request.task.options.get("refit", "false"),
+        REFIT: "true" if is_refit(request.task.options) else "false",
         "train_examples": str(data.train_examples) if data else "",
     }
     if data is not None and data.feature:

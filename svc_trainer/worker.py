@@ -15,7 +15,13 @@
   committed only after its final report (and, for a completed trial, its
   model-ready event) is delivered. That ending (digest, upload, model-ready,
   report, commit) runs on a background thread in trial order, while the
-  next trial starts (``background.InOrder``).
+  next trial starts (``reporting.Reporter``).
+- A request that is not a TrialRequested is dead-lettered the bus's way
+  (``shared.bus.loop.DeadLetters``), in its turn among the endings. The
+  worker does not run ``shared.bus.loop.ConsumeLoop``: a request is handled
+  over many polls (the group needs them while a trial trains) and committed
+  later, in order, from another thread; the loop handles and commits a
+  batch per poll.
 - Control messages (prune, stop) are read from ``aistack.tuning.control`` by
   every replica and honoured at the run's next check.
 - SIGTERM, or losing the trial's partition in a rebalance, stops the run at
@@ -32,22 +38,19 @@ import shutil
 import threading
 import time
 from collections import OrderedDict, deque
-from dataclasses import dataclass
 from pathlib import Path
 
-from shared.artifacts import ArtifactStore, digest
+from shared.artifacts import ArtifactStore
 from shared.bus.consumer import BusConsumer, BusTail, Record
-from shared.bus.deadletter import from_undecodable
-from shared.bus.producer import BusProducer
+from shared.bus.loop import DeadLetters, Publisher
 from shared.contracts.aistack.v1 import tuning_pb2
-from shared.errors import Unavailable, UndecodableRecord
+from shared.errors import UndecodableRecord
 from shared.log import get_logger
 from svc_trainer import trials
-from svc_trainer.background import InOrder, Uploads
+from svc_trainer.background import Uploads
 from svc_trainer.executor import (
     Epoch,
     Event,
-    Executor,
     ExecutorPool,
     Failed,
     Finished,
@@ -59,6 +62,7 @@ from svc_trainer.executor import (
 )
 from svc_trainer.metrics import TrainerMetrics
 from svc_trainer.plan import DataLoaded, StopReason, TrialError
+from svc_trainer.reporting import Reporter, Running
 from svc_trainer.settings import TrainerSettings
 from svc_trainer.tensorboard import TrialBoard
 
@@ -79,31 +83,11 @@ _ACTIONS = {
 Consumer = BusConsumer[tuning_pb2.TrialRequested]
 
 
-@dataclass
-class _Running:
-    record: Record[tuning_pb2.TrialRequested]
-    request: tuning_pb2.TrialRequested
-    job: Job
-    executor: Executor
-    board: TrialBoard
-    checkpoint_dir: Path
-    checkpoint_key: str
-    export_dir: Path
-    started_at: float
-    heartbeat_every: float
-    next_heartbeat: float
-    last_step: int = 0
-    data: DataLoaded | None = None
-    outcome: Finished | Failed | None = None
-    ended_at: float = 0.0
-    revoked: bool = False
-
-
 class Worker:
     def __init__(
         self,
         settings: TrainerSettings,
-        producer: BusProducer,
+        producer: Publisher,
         metrics: TrainerMetrics,
         executors: ExecutorPool,
     ) -> None:
@@ -114,12 +98,21 @@ class Worker:
         self._trainer_id = settings.replica_id()
         self._store = ArtifactStore(settings.artifact_location())
         self._work = settings.common.state_dir / "trainer" / trials.safe_name(self._trainer_id)
-        self._running: _Running | None = None
+        self._running: Running | None = None
         self._controls: OrderedDict[str, StopReason] = OrderedDict()
         self._revoked: set[tuple[str, int]] = set()
         # Requests taken from the bus, not yet started: oldest first.
         self._waiting: deque[Record[tuning_pb2.TrialRequested]] = deque()
-        self._ending = InOrder("trial-endings")
+        self._reporter = Reporter(
+            settings,
+            producer,
+            metrics,
+            self._store,
+            self._trainer_id,
+            DeadLetters(
+                producer, topic=settings.dlq_topic, service=SERVICE, counter=metrics.dead_letters
+            ),
+        )
         self._uploads = None if self._store.local else Uploads(self._store, self._work / "uploads")
 
     @property
@@ -158,9 +151,9 @@ class Worker:
             if self._running is not None:
                 self._hand_back()
         finally:
-            if not self._ending.drain(HAND_BACK_SECONDS):
-                log.error("trainer.endings_not_drained", pending=self._ending.pending)
-            self._ending.close()
+            if not self._reporter.drain(HAND_BACK_SECONDS):
+                log.error("trainer.endings_not_drained", pending=self._reporter.pending)
+            self._reporter.close()
             if self._uploads is not None:
                 self._uploads.drain(HAND_BACK_SECONDS)
                 self._uploads.close()
@@ -183,23 +176,14 @@ class Worker:
         try:
             request = record.decode()
         except UndecodableRecord as error:
-            letter = from_undecodable(error, service=SERVICE)
-            self._metrics.dead_letters.labels(letter.reason).inc()
-            log.warning("trial.dead_lettered", reason=letter.reason, message=letter.message)
-
-            def dead_letter() -> None:
-                self._producer.publish_dead_letter(self._settings.dlq_topic, letter)
-                self._deliver()
-                self._commit(consumer, record)
-
-            self._ending.submit(dead_letter)
+            self._reporter.dead_letter(consumer.commit, record, error)
             return
         self._revoked.clear()
         earlier = self._controls.pop(request.trial_id, None)
         if earlier is not None:
             # Pruned or stopped before it reached a trainer: nothing to train.
             pruned = tuning_pb2.TrialPruned(step=0, value=math.nan)
-            self._ending.submit(lambda: self._final_and_commit(consumer, record, pruned=pruned))
+            self._reporter.refuse(consumer.commit, record, pruned=pruned)
             return
         key = trials.trial_key(request)
         checkpoint_key = f"checkpoints/{key}"
@@ -232,7 +216,7 @@ class Worker:
             )
             self._metrics.trials.labels("failed", "").inc()
             log.warning("trial.refused", trial_id=request.trial_id, reason=error.reason)
-            self._ending.submit(lambda: self._final_and_commit(consumer, record, failed=failed))
+            self._reporter.refuse(consumer.commit, record, failed=failed)
             return
         job = Job(
             spec,
@@ -244,7 +228,7 @@ class Worker:
         every = request.heartbeat_interval.ToTimedelta().total_seconds()
         every = every if every > 0 else settings.heartbeat_seconds
         now = time.monotonic()
-        self._running = _Running(
+        self._running = Running(
             record=record,
             request=request,
             job=job,
@@ -280,7 +264,7 @@ class Worker:
             self._on_event(running, event)
         now = time.monotonic()
         if now >= running.next_heartbeat and running.outcome is None:
-            self._report(
+            self._reporter.report(
                 running.request, heartbeat=tuning_pb2.TrialHeartbeat(step=running.last_step)
             )
             running.next_heartbeat = now + running.heartbeat_every
@@ -326,10 +310,10 @@ class Worker:
             self._executors.discard(executor)
             self._done(consumer, running, stopping)
 
-    def _on_event(self, running: _Running, event: Event) -> None:
+    def _on_event(self, running: Running, event: Event) -> None:
         request = running.request
         if isinstance(event, Started):
-            self._report(
+            self._reporter.report(
                 request, started=tuning_pb2.TrialStarted(resumed_from_step=event.resumed_from_step)
             )
             running.last_step = event.resumed_from_step
@@ -348,7 +332,7 @@ class Worker:
             if self._uploads is not None:
                 self._uploads.submit(running.checkpoint_dir, running.checkpoint_key)
             value = event.metrics.get(request.objective.metric, math.nan)
-            self._report(
+            self._reporter.report(
                 request,
                 progress=tuning_pb2.TrialProgress(
                     step=event.step, value=value, metrics=trials.progress_metrics(event.metrics)
@@ -419,104 +403,13 @@ class Worker:
 
     # ---- ending it ----
 
-    def _done(self, consumer: Consumer, running: _Running, stopping: threading.Event) -> None:
+    def _done(self, consumer: Consumer, running: Running, stopping: threading.Event) -> None:
         """The trial's executor is free (or gone): hand the ending to the
         background and take the next trial."""
         self._running = None
         self._metrics.busy.set(0)
         running.board.close()
-        self._ending.submit(lambda: self._end(consumer, running, stopping))
-
-    def _end(self, consumer: Consumer, running: _Running, stopping: threading.Event) -> None:
-        request, outcome = running.request, running.outcome
-        framework = trials.framework_name(request)
-        handed_back = (
-            running.revoked
-            or outcome is None
-            or (isinstance(outcome, Finished) and outcome.result.stopped is StopReason.SHUTDOWN)
-        )
-        try:
-            if handed_back:
-                outcome_name = "handed_back"
-            elif isinstance(outcome, Failed):
-                self._final(
-                    request,
-                    failed=tuning_pb2.TrialFailed(
-                        reason=outcome.reason, message=outcome.message, retryable=outcome.retryable
-                    ),
-                )
-                outcome_name = "failed"
-                log.warning(
-                    "trial.failed",
-                    trial_id=request.trial_id,
-                    reason=outcome.reason,
-                    message=outcome.message,
-                )
-            else:
-                assert isinstance(outcome, Finished)
-                outcome_name = self._finished(running, outcome)
-            if not handed_back:
-                self._commit(consumer, running.record)
-        except (Unavailable, TrialError) as error:
-            # Not delivered: leave the offset, the trial comes back.
-            outcome_name = "handed_back"
-            log.error("trial.not_reported", trial_id=request.trial_id, error=str(error))
-            if not stopping.is_set():
-                time.sleep(1.0)
-        finally:
-            shutil.rmtree(running.export_dir, ignore_errors=True)
-        self._metrics.trials.labels(outcome_name, framework).inc()
-        self._metrics.trial_seconds.observe(time.monotonic() - running.started_at)
-        log.info("trial.ended", trial_id=request.trial_id, outcome=outcome_name)
-
-    def _finished(self, running: _Running, outcome: Finished) -> str:
-        request, result = running.request, outcome.result
-        metric = request.objective.metric
-        if result.stopped is not StopReason.NONE:
-            value = result.val_metrics.get(metric, math.nan)
-            self._final(
-                request, pruned=tuning_pb2.TrialPruned(step=result.epochs_completed, value=value)
-            )
-            log.info("trial.pruned", trial_id=request.trial_id, step=result.epochs_completed)
-            return "pruned"
-        value = trials.objective_value(result, metric)
-        metrics = trials.progress_metrics({**result.val_metrics, **result.test_metrics})
-        if not result.export_format:
-            # An evaluation (cross-validation): metrics, no model.
-            self._final(request, completed=tuning_pb2.TrialCompleted(value=value, metrics=metrics))
-            log.info("trial.completed", trial_id=request.trial_id, value=value, model="")
-            return "completed"
-        sha, size = digest(running.export_dir)
-        name, version = trials.model_name(request), trials.model_version(request)
-        uri = self._store.put_dir(running.export_dir, f"models/{trials.safe_name(name)}/{version}")
-        ready = trials.model_ready(
-            request,
-            result,
-            running.data,
-            artifact_uri=uri,
-            sha256=sha,
-            size_bytes=size,
-            trainer_id=self._trainer_id,
-        )
-        # One record per version: compaction keeps every version, so a restarted
-        # model server still knows the champion and the last versions.
-        self._producer.publish(self._settings.models_topic, ready, key=f"{name}/{version}")
-        self._metrics.models_published.inc()
-        self._final(
-            request,
-            completed=tuning_pb2.TrialCompleted(
-                value=value, metrics=metrics, model_name=name, model_version=version
-            ),
-        )
-        log.info(
-            "trial.completed",
-            trial_id=request.trial_id,
-            value=value,
-            model=name,
-            version=version,
-            sha256=sha,
-        )
-        return "completed"
+        self._reporter.end(consumer.commit, running, stopping)
 
     def _hand_back(self) -> None:
         """Shutdown: stop the run at its next check, report nothing, commit
@@ -538,43 +431,6 @@ class Worker:
         self._metrics.busy.set(0)
         self._metrics.trials.labels("handed_back", trials.framework_name(running.request)).inc()
         log.info("trial.handed_back", trial_id=running.request.trial_id, step=running.last_step)
-
-    # ---- publishing (on the endings' thread, but for reports while training) ----
-
-    def _final_and_commit(
-        self, consumer: Consumer, record: Record[tuning_pb2.TrialRequested], **event: object
-    ) -> None:
-        request = record.decode()
-        try:
-            self._final(request, **event)
-            self._commit(consumer, record)
-        except Unavailable as error:
-            log.error("trial.not_reported", trial_id=request.trial_id, error=str(error))
-
-    def _commit(self, consumer: Consumer, record: Record[tuning_pb2.TrialRequested]) -> None:
-        consumer.commit([record])
-
-    def _report(self, request: tuning_pb2.TrialRequested, **event: object) -> None:
-        report = trials.report(request, self._trainer_id, **event)
-        self._producer.publish(self._settings.reports_topic, report, key=request.study_id)
-
-    def _final(self, request: tuning_pb2.TrialRequested, **event: object) -> None:
-        self._report(request, **event)
-        self._deliver()
-
-    def _deliver(self) -> None:
-        """Flush, retrying with backoff: a broker that is down is waited for,
-        never a reason to drop a final report."""
-        delay = 1.0
-        for attempt in range(6):
-            try:
-                self._producer.flush(timeout=30)
-                return
-            except Unavailable as error:
-                log.warning("trainer.flush_retry", attempt=attempt, error=str(error))
-                time.sleep(delay)
-                delay = min(delay * 2, 30)
-        self._producer.flush(timeout=30)
 
 
 def _board_metrics(request: tuning_pb2.TrialRequested) -> tuple[str, ...]:

@@ -27,32 +27,11 @@ def main() -> int:
     configure_logging("svc_transform", settings.common.log_level, settings.common.log_format)
     log = get_logger("svc_transform")
 
-    from shared.bus.topics import (
-        EVENTS_CLEAN,
-        EVENTS_DLQ,
-        FEATURES_WINDOWS,
-        TOPICS_BY_NAME,
-        ensure_topics,
-    )
-    from svc_transform import job
+    from svc_transform.app import TransformApp
     from svc_transform.metrics import TransformMetrics
-    from svc_transform.spark import session
 
     try:
-        ensure_topics(
-            settings.kafka,
-            [
-                TOPICS_BY_NAME[EVENTS_CLEAN].named(settings.source_topic),
-                TOPICS_BY_NAME[FEATURES_WINDOWS].named(settings.features_topic),
-                TOPICS_BY_NAME[EVENTS_DLQ].named(settings.dlq_topic),
-            ],
-        )
-        spark = session(
-            settings.spark,
-            "svc_transform",
-            cache_dir=settings.common.cache_dir,
-            work_dir=settings.common.state_dir / "spark",
-        )
+        app = TransformApp.prepare(settings)
     except AistackError as exc:
         print(f"svc_transform: {exc}", file=sys.stderr)
         return 1
@@ -65,15 +44,14 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    running = job.start(spark, settings, metrics)
+    running = app.start(metrics)
     try:
         while not stopping:
             if running.await_any(1):
                 break  # a query ended on its own: its error is raised above
     finally:
         log.info("transform.stopping", signal=stopping[0] if stopping else None)
-        running.stop()
-        spark.stop()
+        app.stop()
     log.info("transform.stopped")
     return 0
 

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.bus.topics import EVENTS_CLEAN, EVENTS_DLQ, FEATURES_WINDOWS
+from shared.feature_store import ONLINE_KEY_PREFIX
 from shared.settings import ServiceSettings
 
 # local, local[4], local[*], local[4,2] (retries), spark://h:p[,h:p], k8s://…, yarn.
@@ -89,7 +90,7 @@ class TransformSettings(ServiceSettings):
     checkpoint_dir: str = ""
     offline_dir: str = ""
     # Online store: latest closed window per entity and metric.
-    online_key_prefix: str = "aistack:features:"
+    online_key_prefix: str = ONLINE_KEY_PREFIX
     online_ttl_seconds: int = Field(default=86_400, ge=1)
     metrics_port: int = Field(default=9103, ge=0, le=65535)
 

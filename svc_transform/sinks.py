@@ -8,20 +8,22 @@ Spark runs again after a restart has the same id and the same rows, so:
 * Redis: a window only replaces an older one (compared by window end).
 * Kafka: at least once; the record key is the entity and ``ce_id`` the
   window key, by which consumers drop repeats.
+
+Both stores' layouts are ``shared.feature_store``'s; a Redis value is the
+same FeatureWindow bytes as the window's Kafka record.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
 
 from shared.bus import envelope
+from shared.feature_store import OFFLINE_COLUMNS, PARTITION_COLUMNS, online_field, online_key
 from shared.log import get_logger
 from shared.redis_client import make_redis
 from shared.settings import KafkaSettings, RedisSettings
@@ -72,11 +74,6 @@ def envelope_headers(message_type: str, event_id: Column) -> Column:
             for key, value in pairs
         ]
     )
-
-
-def redis_field(metric: str, path: str, spec_name: str) -> str:
-    """The online-store hash field of one (metric, dimensions, window kind)."""
-    return f"{metric}|path={path}@{spec_name}" if path else f"{metric}@{spec_name}"
 
 
 class WindowSink:
@@ -152,9 +149,10 @@ class WindowSink:
     def to_parquet(self, batch: DataFrame, batch_id: int) -> None:
         (
             batch.withColumn("batch", F.lit(batch_id).cast("long"))
+            .select(*OFFLINE_COLUMNS, *PARTITION_COLUMNS)
             .write.mode("overwrite")
             .option("partitionOverwriteMode", "dynamic")
-            .partitionBy("date", "metric", "window", "batch")
+            .partitionBy(*PARTITION_COLUMNS)
             .parquet(self._offline_path)
         )
 
@@ -164,7 +162,14 @@ class WindowSink:
         def write(rows: Iterable[Row]) -> None:
             _write_online(rows, settings, prefix, ttl)
 
-        batch.foreachPartition(write)
+        batch.select(
+            "entity_id",
+            "metric",
+            "path",
+            "window",
+            F.unix_millis("window_end").alias("end_ms"),
+            feature_window_bytes().alias("value"),
+        ).foreachPartition(write)
 
 
 def _timed(write: Callable[[], None]) -> float:
@@ -180,28 +185,15 @@ def _write_online(rows: Iterable[Any], settings: RedisSettings, prefix: str, ttl
         pipe = client.pipeline(transaction=False)
         pending = 0
         for row in rows:
-            end_ms = int(row.window_end.timestamp() * 1000)
-            value = json.dumps(
-                {
-                    "window_key": row.window_key,
-                    # Spark hands timestamps over as naive local times.
-                    "window_start": row.window_start.astimezone(UTC).isoformat(),
-                    "window_end": row.window_end.astimezone(UTC).isoformat(),
-                    "unit": row.unit,
-                    "count": row["count"],
-                    "mean": row.mean,
-                    "min": row.min,
-                    "max": row.max,
-                    "stddev": row.stddev,
-                    "last": row.last,
-                    "p50": row.p50,
-                    "p95": row.p95,
-                    "error_rate": row.error_rate,
-                }
-            )
-            field = redis_field(row.metric, row.path, row.window)
             set_if_newer(
-                keys=[f"{prefix}{row.entity_id}"], args=[field, end_ms, value, ttl], client=pipe
+                keys=[online_key(prefix, row.entity_id)],
+                args=[
+                    online_field(row.metric, row.window, row.path),
+                    row.end_ms,
+                    bytes(row.value),
+                    ttl,
+                ],
+                client=pipe,
             )
             pending += 1
             if pending >= 500:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from compose import spark_dist
+from svc_transform import jars
 from svc_transform.settings import SparkSettings
 
 if TYPE_CHECKING:
@@ -31,18 +31,12 @@ def session(
     from svc_transform import functions
 
     if spark.is_local():
-        # Without it Spark resolves the host name, which fails or picks a
-        # public interface on many laptops and CI machines.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        # Python workers from this interpreter (its venv), not the first
-        # python3 on PATH; on a cluster the executors' own Python is set there.
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    cache = Path(cache_dir)
-    jars = [*spark_dist.ensure_connector_jars(cache), spark_dist.ensure_functions_jar(cache)]
+        export_local_spark_environment()
+    session_jars = jars.session_jars(Path(cache_dir))
     builder = (
         SparkSession.builder.master(spark.master)
         .appName(app_name)
-        .config("spark.jars", ",".join(str(jar) for jar in jars))
+        .config("spark.jars", ",".join(str(jar) for jar in session_jars))
         .config("spark.sql.shuffle.partitions", str(spark.partitions()))
         .config("spark.driver.memory", spark.driver_memory)
         .config("spark.sql.session.timeZone", "UTC")
@@ -60,3 +54,27 @@ def session(
     session.sparkContext.setLogLevel("WARN")
     functions.register(session)
     return session
+
+
+#: What a local master's processes need from this process's environment.
+LOCAL_SPARK_ENVIRONMENT = {
+    # Without it Spark resolves the host name, which fails or picks a public
+    # interface on many laptops and CI machines.
+    "SPARK_LOCAL_IP": "127.0.0.1",
+    # Python workers from this interpreter (its venv), not the first python3
+    # on PATH; on a cluster the executors' own Python is set there.
+    "PYSPARK_PYTHON": sys.executable,
+}
+
+
+def export_local_spark_environment() -> None:
+    """Put ``LOCAL_SPARK_ENVIRONMENT`` into this process's environment where
+    the user has not set those variables.
+
+    The one place aistack writes the environment, and only for Spark: pyspark
+    reads ``PYSPARK_PYTHON`` from ``os.environ`` itself, and starts the driver's
+    JVM (which reads ``SPARK_LOCAL_IP``) with a copy of ``os.environ``; neither
+    takes them from the session's conf. No aistack code reads them.
+    """
+    for name, value in LOCAL_SPARK_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)

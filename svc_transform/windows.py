@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
+from shared.feature_store import DIMENSIONS
 from svc_transform.functions import (
     DECODE_CLEAN_EVENT,
     ENCODE_FEATURE_WINDOW,
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
 
 #: The metric of web requests; the request path is its one dimension.
 WEB_LATENCY = "http.latency_ms"
-#: What a window's statistics are per, besides the window.
-DIMENSIONS = ("entity_id", "metric", "path", "unit")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import signal
 import sys
 
 from shared.errors import AistackError, ConfigError
-from shared.log import configure_logging, get_logger
+from shared.log import configure_logging
 from shared.metrics import serve_metrics
 from shared.settings import load_settings
 from svc_tuner.settings import TunerSettings
@@ -34,31 +34,15 @@ def main() -> int:
 
 
 async def serve(settings: TunerSettings) -> int:
-    from shared.bus.producer import BusProducer
-    from shared.bus.topics import ensure_topics
-    from shared.rpc.server import start_server
-    from svc_tuner.api import SERVICE_NAME, register
-    from svc_tuner.engine import Engine, redis_storage
-    from svc_tuner.metrics import TunerMetrics
-    from svc_tuner.service import SERVICE, Tuner
+    from svc_tuner.app import TunerApp
 
-    log = get_logger(SERVICE)
-    ensure_topics(settings.kafka, settings.topic_specs())
-    engine = Engine(redis_storage(settings.redis, settings.storage_prefix))
-    metrics = TunerMetrics.create()
     serve_metrics(settings.metrics_port)
-    tuner = Tuner(settings, engine, BusProducer(settings.kafka, source=SERVICE), metrics)
-    server = await start_server(settings.server_options(), register(tuner), [SERVICE_NAME])
+    app = await TunerApp.start(settings)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
-    log.info("tuner.started", port=server.port, storage=settings.storage_prefix)
-    try:
-        await tuner.run(stopping)
-    finally:
-        await server.stop(grace=5)
-    log.info("tuner.stopped")
+    await app.run(stopping)
     return 0
 
 

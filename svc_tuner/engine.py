@@ -1,11 +1,13 @@
-"""The tuning engine: Optuna's ask-and-tell on a storage in Redis, made safe to
+"""The tuning engine: Optuna's ask-and-tell on a shared storage, made safe to
 crash and to repeat.
 
-Everything the tuner knows lives in Optuna's journal storage (studies, trials,
-parameters, intermediate values) plus a few attributes of ours (spec, study
-state, attempts, last report time, errors). A new ``Engine`` on the same Redis
-carries on where a killed one stopped. Every method is idempotent: a report
-applied twice, or an ``ask`` repeated after a crash, changes nothing more.
+Everything the tuner knows lives in Optuna's storage (studies, trials,
+parameters, intermediate values) plus a few attributes of ours: the spec and
+the study's state here, each trial's run and result in ``svc_tuner.record``.
+A new ``Engine`` on the same storage (the journal in Redis,
+``svc_tuner.storage``) carries on where a killed one stopped. Every method is
+idempotent: a report applied twice, or an ``ask`` repeated after a crash,
+changes nothing more.
 
 The engine does not touch Kafka: it returns what to publish (``Outcome``) and
 records that it was published (``mark_published``), so a tuner killed between
@@ -17,25 +19,36 @@ from __future__ import annotations
 import base64
 import json
 import time
-import warnings
-from collections.abc import Generator, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from google.protobuf.duration_pb2 import Duration
-from optuna.storages import BaseStorage, JournalStorage
-from optuna.storages.journal import JournalRedisBackend
+from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
-from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
+from shared import objective
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import AlreadyExists, NotFound
 from shared.log import get_logger
-from shared.redis_client import make_redis
-from shared.settings import RedisSettings
 from svc_tuner import spec as specs
+from svc_tuner.record import (
+    QUARANTINED,
+    RESULT_ATTR,
+    RUN_ATTR,
+    SKIPPED,
+    Result,
+    Run,
+    RunOutcome,
+    is_refit,
+    is_skipped,
+    parse_trial_id,
+    trial_id,
+    trial_state,
+)
 
 # Study attributes.
 _SPEC = "aistack:spec"
@@ -43,85 +56,11 @@ _STOPPED = "aistack:stopped"
 _CREATED = "aistack:created"
 _QUARANTINED = "aistack:quarantined"
 _ANNOUNCED = "aistack:announced"
-# Trial attributes (set while the trial runs: Optuna freezes finished trials).
-# One attribute each, so that a change is one journal record:
-# _RUN: attempt, published (the attempt last published on the bus), seen
-# (epoch seconds of the last report or request), running (a trainer has
-# reported), trainer, errors, outcome ("quarantined" or "skipped" when failed).
-_RUN = "aistack:run"
-# _RESULT: metrics, model_name, model_version of a completed trial.
-_RESULT = "aistack:result"
 
 log = get_logger("svc_tuner")
 
 DEFAULT_TRIAL_TIMEOUT_SECONDS = 600.0
 HEARTBEAT_FRACTION = 4  # trainers beat four times per timeout
-
-
-def redis_storage(settings: RedisSettings, prefix: str) -> JournalStorage:
-    """Optuna's journal storage on Redis, with our connection settings (password, TLS)."""
-    with warnings.catch_warnings():
-        # "experimental" since Optuna 3.1; the interface is pinned with Optuna.
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return JournalStorage(_RedisJournal(settings, prefix))
-
-
-class _RedisJournal(JournalRedisBackend):
-    """Optuna's Redis journal, same keys and records (optuna-dashboard reads it),
-    with our connection settings and one round trip per read or write instead of
-    one per record: every storage call of the engine syncs the journal first."""
-
-    # Optuna's script for one record, for a list of them.
-    _APPEND = """
-    redis.call('setnx', KEYS[1], -1)
-    for i, record in ipairs(ARGV) do
-      local n = redis.call('incr', KEYS[1])
-      redis.call('set', KEYS[2] .. n, record)
-    end
-    """
-
-    # Optuna builds its client from the URL alone; ours adds the password and CA.
-    def __init__(self, settings: RedisSettings, prefix: str) -> None:
-        super().__init__(settings.url, prefix=prefix)
-        self._settings = settings
-        self._redis = make_redis(settings)
-        self._append = self._redis.register_script(self._APPEND)
-
-    def __setstate__(self, state: dict[Any, Any]) -> None:
-        self.__dict__.update(state)
-        self._redis = make_redis(self._settings)
-        self._append = self._redis.register_script(self._APPEND)
-
-    def append_logs(self, logs: list[dict[str, Any]]) -> None:
-        keys = [f"{self._prefix}:log_number", f"{self._prefix}:log:"]
-        self._append(keys=keys, args=[json.dumps(log) for log in logs])
-
-    def read_logs(self, log_number_from: int) -> Generator[dict[str, Any], None, None]:
-        last = self._redis.get(f"{self._prefix}:log_number")
-        if last is None or int(last) < log_number_from:
-            return
-        numbers = list(range(log_number_from, int(last) + 1))
-        records = self._redis.mget([self._key_log_id(n) for n in numbers])
-        for number, record in zip(numbers, records, strict=True):
-            if record is None:  # appended by a writer on a cluster, not yet set
-                yield from super().read_logs(number)
-                return
-            try:
-                yield json.loads(record)
-            except json.JSONDecodeError:
-                if number != int(last):
-                    raise
-
-
-def trial_id(study_id: str, number: int) -> str:
-    return f"{study_id}/{number}"
-
-
-def parse_trial_id(value: str) -> tuple[str, int]:
-    study_id, _, number = value.rpartition("/")
-    if not study_id or not number.isdigit():
-        raise NotFound(f"no trial {value!r}: trial ids are <study>/<number>")
-    return study_id, int(number)
 
 
 @dataclass
@@ -137,18 +76,6 @@ class Outcome:
         self.requests += other.requests
         self.controls += other.controls
         self.changed += other.changed
-
-
-@dataclass(frozen=True)
-class TrialDetails:
-    """What the engine keeps about a trial beside Optuna's own fields."""
-
-    attempts: int
-    errors: list[str]
-    trainer_id: str
-    metrics: dict[str, float]
-    model_name: str
-    model_version: str
 
 
 class Engine:
@@ -235,14 +162,13 @@ class Engine:
         study = self._study(study_id)
         outcome = Outcome()
         for trial in self._in_flight(study):
-            if _RUN not in trial.user_attrs:
+            if RUN_ATTR not in trial.user_attrs:
                 # Asked by a tuner that stopped before recording it: its
                 # parameters may be partial. Dropped, not counted; ask() refills.
-                self._storage.set_trial_user_attr(trial._trial_id, _RUN, {"outcome": "skipped"})
+                self._store_run(trial, Run(outcome=SKIPPED))
                 study.tell(trial.number, state=OptunaState.FAIL)
                 continue
-            run = _run(trial)
-            if run.get("published") != run.get("attempt", 1):
+            if Run.of(trial).unsent:
                 outcome.requests.append(self._request(spec, trial))
         return outcome
 
@@ -264,11 +190,11 @@ class Engine:
             asked = study.ask(specs.distributions(spec))
             if _key(asked.params) in quarantined:
                 # Kept out of the rest of the study, and not counted against it.
-                asked.set_user_attr(_RUN, {"outcome": "skipped"})
+                asked.set_user_attr(RUN_ATTR, Run(outcome=SKIPPED).dump())
                 study.tell(asked, state=OptunaState.FAIL)
                 skipped += 1
                 continue
-            asked.set_user_attr(_RUN, {"attempt": 1, "seen": self._clock()})
+            asked.set_user_attr(RUN_ATTR, Run(seen=self._clock()).dump())
             frozen = self._storage.get_trial(asked._trial_id)
             outcome.requests.append(self._request(spec, frozen))
             outcome.changed.append(trial_id(study_id, asked.number))
@@ -279,7 +205,7 @@ class Engine:
         study_id, number = parse_trial_id(request.trial_id)
         trial = self._trial(study_id, number)
         if not trial.state.is_finished():
-            self._set_run(trial, _run(trial), published=request.attempt)
+            self._store_run(trial, Run.of(trial).but(published=request.attempt))
 
     # ---- reports in ----
 
@@ -295,13 +221,13 @@ class Engine:
         if trial.state.is_finished():
             return outcome
         event = report.WhichOneof("event")
-        run = _run(trial)
-        if report.attempt < run.get("attempt", 1) and event != "completed":
+        run = Run.of(trial)
+        if report.attempt < run.attempt and event != "completed":
             return outcome
         tid = trial._trial_id
-        trainer = report.trainer_id or run.get("trainer", "")
+        trainer = report.trainer_id or run.trainer
         if event not in ("completed", "pruned"):  # those end the trial: no need
-            self._set_run(trial, run, seen=self._clock(), running=True, trainer=trainer)
+            self._store_run(trial, run.but(seen=self._clock(), running=True, trainer=trainer))
         outcome.changed.append(report.trial_id)
         if event == "progress":
             step, value = report.progress.step, report.progress.value
@@ -309,20 +235,15 @@ class Engine:
                 self._storage.set_trial_intermediate_value(tid, step, value)
             frozen = self._storage.get_trial(tid)
             # A refit trains on the validation data it reports: never judged by it.
-            if not _refit(frozen) and study.pruner.prune(study, frozen):
+            if not is_refit(frozen) and study.pruner.prune(study, frozen):
                 outcome.controls.append(
                     self._control(study_id, frozen, tuning_pb2.CONTROL_ACTION_PRUNE, "pruned", step)
                 )
                 self._finish(study, frozen, OptunaState.PRUNED)
         elif event == "completed":
             done = report.completed
-            result = {
-                "metrics": dict(done.metrics),
-                "model_name": done.model_name,
-                "model_version": done.model_version,
-                "trainer": trainer,
-            }
-            self._storage.set_trial_user_attr(tid, _RESULT, result)
+            result = Result(dict(done.metrics), done.model_name, done.model_version, trainer)
+            self._storage.set_trial_user_attr(tid, RESULT_ATTR, result.dump())
             self._finish(study, trial, OptunaState.COMPLETE, value=done.value)
         elif event == "pruned":
             self._finish(study, trial, OptunaState.PRUNED)
@@ -341,9 +262,9 @@ class Engine:
         now = self._clock()
         outcome = Outcome()
         for trial in self._in_flight(self._study(study_id)):
-            run = _run(trial)
-            if now - run.get("seen", now) > timeout:
-                error = f"attempt {run.get('attempt', 1)}: no report for {timeout:g} s"
+            run = Run.of(trial)
+            if run.seen is not None and now - run.seen > timeout:
+                error = f"attempt {run.attempt}: no report for {timeout:g} s"
                 outcome.extend(self._retry_or_quarantine(study_id, trial, error, retryable=True))
         return outcome
 
@@ -364,18 +285,18 @@ class Engine:
         result.end_time.FromSeconds(int(self._clock()))
         best = self.best(study_id)
         if best is not None:
-            details = self.details(best)
+            model = Result.of(best)
             result.best_trial_id = trial_id(study_id, best.number)
             result.best_value = float(best.value or 0.0)
-            result.best_model_name = details.model_name
-            result.best_model_version = details.model_version
+            result.best_model_name = model.model_name
+            result.best_model_version = model.model_version
             for name, value in best.params.items():
                 result.best_params[name].CopyFrom(specs.param_value(value))
         for trial in self.trials(study_id):
-            if _refit(trial) and trial.state == OptunaState.COMPLETE:
-                details = self.details(trial)
-                result.refit_model_name = details.model_name
-                result.refit_model_version = details.model_version
+            if is_refit(trial) and trial.state == OptunaState.COMPLETE:
+                model = Result.of(trial)
+                result.refit_model_name = model.model_name
+                result.refit_model_version = model.model_version
         return result
 
     def mark_announced(self, study_id: str) -> None:
@@ -389,49 +310,25 @@ class Engine:
     def trial(self, study_id: str, number: int) -> FrozenTrial:
         return self._trial(study_id, number)
 
-    def details(self, trial: FrozenTrial) -> TrialDetails:
-        run, result = _run(trial), trial.user_attrs.get(_RESULT, {})
-        return TrialDetails(
-            attempts=run.get("attempt", 1),
-            errors=list(run.get("errors", [])),
-            trainer_id=result.get("trainer") or run.get("trainer", ""),
-            metrics=dict(result.get("metrics", {})),
-            model_name=result.get("model_name", ""),
-            model_version=result.get("model_version", ""),
-        )
-
     def trials(self, study_id: str) -> list[FrozenTrial]:
-        return [t for t in self._study(study_id).get_trials(deepcopy=False) if not _skipped(t)]
-
-    def trial_state(self, trial: FrozenTrial) -> int:
-        if trial.state == OptunaState.RUNNING:
-            running = _run(trial).get("running")
-            return api.TRIAL_STATE_RUNNING if running else api.TRIAL_STATE_REQUESTED
-        if trial.state == OptunaState.FAIL and _run(trial).get("outcome") == "quarantined":
-            return api.TRIAL_STATE_QUARANTINED
-        return {
-            OptunaState.COMPLETE: api.TRIAL_STATE_COMPLETED,
-            OptunaState.PRUNED: api.TRIAL_STATE_PRUNED,
-            OptunaState.FAIL: api.TRIAL_STATE_FAILED,
-        }.get(trial.state, api.TRIAL_STATE_UNSPECIFIED)
+        return [t for t in self._study(study_id).get_trials(deepcopy=False) if not is_skipped(t)]
 
     def best(self, study_id: str) -> FrozenTrial | None:
-        """The best completed trial of the search (a refit is not a candidate)."""
-        complete = [
-            t
-            for t in self.trials(study_id)
-            if t.state == OptunaState.COMPLETE and not _run(t).get("refit")
-        ]
-        if not complete:
-            return None
-        maximize = self._spec(study_id).objective.direction == common_pb2.DIRECTION_MAXIMIZE
-        chooser = max if maximize else min
-        return chooser(complete, key=lambda t: float(t.value or 0.0))
+        """The best completed trial by ``shared.objective``'s rule, the one the
+        model server's champion follows (so a refit is never it)."""
+        direction = self._spec(study_id).objective.direction
+
+        def standing(trial: FrozenTrial) -> objective.Standing:
+            refit = is_refit(trial)
+            return objective.Standing.of(trial.value, direction, trial.number, refit=refit)
+
+        complete = [t for t in self.trials(study_id) if t.state == OptunaState.COMPLETE]
+        return objective.best(complete, standing)
 
     def counts(self, study_id: str) -> dict[str, int]:
         counts: dict[str, int] = {}
         for trial in self.trials(study_id):
-            name = api.TrialState.Name(self.trial_state(trial)).removeprefix("TRIAL_STATE_")
+            name = api.TrialState.Name(trial_state(trial)).removeprefix("TRIAL_STATE_")
             counts[name.lower()] = counts.get(name.lower(), 0) + 1
         return counts
 
@@ -471,13 +368,14 @@ class Engine:
         limit = _seconds(spec.budget.time_limit)
         if limit and self._clock() - study.user_attrs.get(_CREATED, 0) > limit:
             return 0
-        counted = [t for t in study.get_trials(deepcopy=False) if not _skipped(t) and not _refit(t)]
+        trials = study.get_trials(deepcopy=False)
+        counted = [t for t in trials if not is_skipped(t) and not is_refit(t)]
         return max(0, spec.budget.max_trials - len(counted))
 
     def _refit_due(self, study: optuna.Study) -> bool:
         """No refit yet, and a completed trial whose parameters it would train."""
         trials = study.get_trials(deepcopy=False)
-        if any(_refit(t) for t in trials):
+        if any(is_refit(t) for t in trials):
             return False
         return any(t.state == OptunaState.COMPLETE for t in trials)
 
@@ -486,7 +384,7 @@ class Engine:
         assert best is not None  # _refit_due saw a completed trial
         study.enqueue_trial(best.params, skip_if_exists=False)
         asked = study.ask(specs.distributions(spec))
-        asked.set_user_attr(_RUN, {"attempt": 1, "seen": self._clock(), "refit": True})
+        asked.set_user_attr(RUN_ATTR, Run(seen=self._clock(), refit=True).dump())
         log.info("study.refit", study=spec.name, trial=asked.number, best_trial=best.number)
         frozen = self._storage.get_trial(asked._trial_id)
         return Outcome(
@@ -500,22 +398,20 @@ class Engine:
         spec = self._spec(study_id)
         study = self._study(study_id)
         outcome = Outcome(changed=[trial_id(study_id, trial.number)])
-        run = _run(trial)
-        attempt = run.get("attempt", 1)
-        if retryable and attempt < specs.max_attempts(spec):
-            self._set_run(
-                trial,
-                run,
-                errors=[*run.get("errors", []), error],
-                attempt=attempt + 1,
+        run = Run.of(trial)
+        if retryable and run.attempt < specs.max_attempts(spec):
+            retry = run.but(
+                errors=(*run.errors, error),
+                attempt=run.attempt + 1,
                 seen=self._clock(),
                 running=False,
             )
+            self._store_run(trial, retry)
             outcome.requests.append(self._request(spec, self._storage.get_trial(trial._trial_id)))
             return outcome
         quarantined = [*study.user_attrs.get(_QUARANTINED, []), _key(trial.params)]
         study.set_user_attr(_QUARANTINED, quarantined)
-        self._finish(study, trial, OptunaState.FAIL, errors=[error], outcome="quarantined")
+        self._finish(study, trial, OptunaState.FAIL, errors=[error], outcome=QUARANTINED)
         return outcome
 
     def _finish(
@@ -526,22 +422,18 @@ class Engine:
         *,
         value: float | None = None,
         errors: Iterable[str] = (),
-        outcome: str | None = None,
+        outcome: RunOutcome = "",
     ) -> None:
         if errors or outcome:
-            run = _run(self._storage.get_trial(trial._trial_id))
-            changes: dict[str, Any] = {"errors": [*run.get("errors", []), *errors]}
-            if outcome:
-                changes["outcome"] = outcome
-            self._set_run(trial, run, **changes)
+            run = Run.of(self._storage.get_trial(trial._trial_id))
+            ended = run.but(errors=(*run.errors, *errors), outcome=outcome or run.outcome)
+            self._store_run(trial, ended)
         # A pruned trial's value is its last intermediate one: Optuna fills it in.
         study.tell(trial.number, value if state == OptunaState.COMPLETE else None, state=state)
 
-    def _set_run(self, trial: FrozenTrial, run: dict[str, Any], **changes: Any) -> dict[str, Any]:
-        """``run`` (the trial's current run record) with ``changes``, stored in one record."""
-        updated = {**run, **changes}
-        self._storage.set_trial_user_attr(trial._trial_id, _RUN, updated)
-        return updated
+    def _store_run(self, trial: FrozenTrial, run: Run) -> None:
+        # The whole record in one attribute: one journal record per change.
+        self._storage.set_trial_user_attr(trial._trial_id, RUN_ATTR, run.dump())
 
     def _request(self, spec: tuning_pb2.StudySpec, trial: FrozenTrial) -> tuning_pb2.TrialRequested:
         timeout = _seconds(spec.budget.trial_timeout) or DEFAULT_TRIAL_TIMEOUT_SECONDS
@@ -551,7 +443,7 @@ class Engine:
             trial_number=trial.number,
             task=spec.task,
             objective=spec.objective,
-            attempt=_run(trial).get("attempt", 1),
+            attempt=Run.of(trial).attempt,
             heartbeat_interval=Duration(seconds=max(1, int(timeout / HEARTBEAT_FRACTION))),
         )
         for name, value in trial.params.items():
@@ -559,8 +451,8 @@ class Engine:
         request.requested_time.FromSeconds(int(self._clock()))
         if spec.HasField("seed"):
             request.seed = spec.seed + trial.number
-        if _refit(trial):
-            request.task.options["refit"] = "true"
+        if is_refit(trial):
+            request.task.options[objective.REFIT] = "true"
         return request
 
     def _control(
@@ -575,20 +467,8 @@ class Engine:
         )
 
 
-def _run(trial: FrozenTrial) -> dict[str, Any]:
-    return dict(trial.user_attrs.get(_RUN, {}))
-
-
 def _key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True)
-
-
-def _refit(trial: FrozenTrial) -> bool:
-    return bool(_run(trial).get("refit"))
-
-
-def _skipped(trial: FrozenTrial) -> bool:
-    return _run(trial).get("outcome") == "skipped"
 
 
 def _seconds(duration: Duration) -> float:

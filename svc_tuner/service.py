@@ -19,22 +19,23 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from shared.bus.consumer import BusConsumer, Record
-from shared.bus.deadletter import from_record, from_undecodable
+from shared.bus.consumer import BusConsumer
+from shared.bus.loop import Batch, ConsumeLoop, DeadLetters
 from shared.bus.producer import BusProducer
 from shared.bus.topics import partition_count
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1 import tuning_pb2
-from shared.errors import NotFound, Unavailable, UndecodableRecord
+from shared.errors import NotFound, Unavailable
 from shared.log import get_logger
+from svc_tuner import views
 from svc_tuner.dispatch import PartitionSlots
 from svc_tuner.engine import Engine, Outcome
+from svc_tuner.handlers import ReportHandler
 from svc_tuner.metrics import TunerMetrics
+from svc_tuner.record import parse_trial_id
 from svc_tuner.settings import TunerSettings
 
 SERVICE = "svc_tuner"
-UNKNOWN_TRIAL = "unknown_trial"
-_FINAL = ("completed", "pruned", "failed")
 
 log = get_logger(SERVICE)
 
@@ -80,6 +81,20 @@ class Tuner:
         self._publish(self.engine.stop(study_id))
         log.info("study.stopped", study=study_id)
 
+    def study(self, study_id: str) -> api.Study:
+        """Raises NotFound."""
+        return views.study_message(self.engine, study_id)
+
+    def trials(self, study_id: str, states: frozenset[int] = frozenset()) -> list[api.Trial]:
+        """The study's trials in ``states`` (all for none). Raises NotFound."""
+        return views.trial_messages(self.engine, study_id, states)
+
+    def trial_and_state(self, trial_id: str) -> tuple[api.Trial, int]:
+        """A trial as it is now, and its study's state. Raises NotFound."""
+        study_id, number = parse_trial_id(trial_id)
+        trial = views.trial_message(study_id, self.engine.trial(study_id, number))
+        return trial, self.engine.state(study_id)
+
     def watch(self, study_id: str) -> asyncio.Queue[str]:
         """A queue of the ids of the study's trials as they change."""
         queue: asyncio.Queue[str] = asyncio.Queue()
@@ -116,59 +131,42 @@ class Tuner:
             self._executor.shutdown(wait=True)
 
     def _consume(self, finished: threading.Event) -> None:
+        settings = self.settings
         consumer: BusConsumer[tuning_pb2.TrialReport] = BusConsumer(
-            self.settings.kafka,
-            group_id=self.settings.group_id,
-            topics=[self.settings.reports_topic],
+            settings.kafka,
+            group_id=settings.group_id,
+            topics=[settings.reports_topic],
             message_cls=tuning_pb2.TrialReport,
             # A restarted tuner waits this long for its killed predecessor's
             # partitions (the broker's default is 45 s).
             config={"session.timeout.ms": 10_000, "heartbeat.interval.ms": 2_000},
         )
+        handler = ReportHandler(self.engine, self._slots, self._publish)
+
+        def in_engine_thread(batch: Batch[tuning_pb2.TrialReport]) -> None:
+            self._executor.submit(self._timed, handler, batch).result()
+
+        loop = ConsumeLoop(
+            consumer,
+            in_engine_thread,
+            publisher=self._producer,
+            dead_letters=DeadLetters(
+                self._producer,
+                topic=settings.dlq_topic,
+                service=SERVICE,
+                counter=self._metrics.dead_letters,
+            ),
+            max_records=500,
+            poll_timeout=0.2,
+            read=self._metrics.reports,
+        )
         try:
-            while not finished.is_set():
-                records = consumer.poll_batch(500, timeout=0.2)
-                if not records:
-                    continue
-                self._executor.submit(self._timed, self._apply_reports, records).result()
-                consumer.commit(records)
+            loop.run(finished.is_set)
         except Exception:
             log.exception("reports.failed")
             raise
         finally:
             consumer.close()
-
-    def _apply_reports(self, records: list[Record[tuning_pb2.TrialReport]]) -> None:
-        touched: set[str] = set()
-        outcome = Outcome()
-        for record in records:
-            self._metrics.reports.inc()
-            try:
-                report = record.decode()
-            except UndecodableRecord as error:
-                self._dead_letter(from_undecodable(error, service=SERVICE))
-                continue
-            try:
-                applied = self.engine.apply(report)
-                outcome.extend(applied)
-                # A trial pruned now ends on its trainer within an epoch.
-                ended = {control.trial_id for control in applied.controls}
-                if report.WhichOneof("event") in _FINAL:
-                    ended.add(report.trial_id)
-                for trial_id in ended:
-                    self._slots.ended(trial_id)
-            except NotFound as error:
-                self._dead_letter(
-                    from_record(
-                        record, reason=UNKNOWN_TRIAL, message=error.message, service=SERVICE
-                    )
-                )
-                continue
-            touched.add(report.study_id)
-        for study_id in touched:
-            # A finished trial frees a slot.
-            outcome.extend(self.engine.ask(study_id))
-        self._publish(outcome)
 
     def _tick(self) -> None:
         for study_id in self.engine.study_ids():
@@ -224,11 +222,6 @@ class Tuner:
         for request in outcome.requests:
             self.engine.mark_published(request)
         self._notify(outcome.changed)
-
-    def _dead_letter(self, letter: Any) -> None:
-        self._metrics.dead_letters.labels(letter.reason).inc()
-        self._producer.publish_dead_letter(self.settings.dlq_topic, letter)
-        log.warning("report.dead_lettered", reason=letter.reason, message=letter.message)
 
     def _notify(self, changed: list[str]) -> None:
         loop = self._loop

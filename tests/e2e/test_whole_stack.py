@@ -26,6 +26,7 @@ from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 from shared.contracts.inference import grpc_predict_v2_pb2 as pb
 from shared.contracts.inference import grpc_predict_v2_pb2_grpc as pb_grpc
+from shared.feature_store import ONLINE_KEY_PREFIX, decode_window, online_key
 from shared.redis_client import make_redis
 from shared.settings import KafkaSettings, RedisSettings
 from svc_trainer.data import load
@@ -143,13 +144,13 @@ def test_a_raw_event_becomes_features_and_a_study_becomes_a_served_model(
     try:
         online = eventually(
             "the online store",
-            lambda: cast(bytes | None, redis.hget(f"aistack:features:{entity}", FEATURE)),
+            lambda: cast(bytes | None, redis.hget(online_key(ONLINE_KEY_PREFIX, entity), FEATURE)),
             60,
             stack,
         )
     finally:
         redis.close()
-    assert json.loads(online)["mean"] == pytest.approx(21.5)
+    assert decode_window(online).mean == pytest.approx(21.5)
 
     import pyarrow.dataset as ds
 

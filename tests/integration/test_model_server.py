@@ -356,7 +356,8 @@ def test_entity_features_come_from_the_online_store(
 ) -> None:
     import redis
 
-    from svc_model.features import FEATURE_STATS
+    from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
+    from shared.feature_store import FEATURE_STATS, encode_window
 
     artifact = ms.export_regressor(tmp_path / "regressor", width=len(FEATURE_STATS))
     ms.publish(
@@ -376,7 +377,7 @@ def test_entity_features_come_from_the_online_store(
         "p95": 22.8,
     }
     client = redis.Redis.from_url(infra.redis.url)
-    client.hset(f"{prefix}sensor-7", mapping={"temp@tumbling-60s": json.dumps(window)})
+    client.hset(f"{prefix}sensor-7", "temp@tumbling-60s", encode_window(FeatureWindow(**window)))
     client.close()
     server = serve(online_key_prefix=prefix)  # type: ignore[operator]
     from shared.contracts.inference import grpc_predict_v2_pb2 as pb

@@ -15,8 +15,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from compose.processes import group_members, port_taken
 from compose.settings import InfraSettings, StackSettings
-from compose.stack import ServiceStack, ServiceStatus, _group_members, port_taken
+from compose.stack import ServiceStack, ServiceStatus
 from shared.errors import Unavailable
 from shared.ports import free_ports
 from shared.settings import CommonSettings
@@ -194,7 +195,7 @@ def test_up_status_restart_and_down(tmp_path: Path) -> None:
         print(f"down in {time.monotonic() - stopping_at:.1f}s")
     assert [(s.name, s.state) for s in final] == [(s.name, "stopped") for s in final]
     assert all(s == ServiceStatus(s.name, "stopped", None, s.addresses, s.log_file) for s in final)
-    assert not any(_group_members(pid) for pid in pids)
+    assert not any(group_members(pid) for pid in pids)
     assert processes_mentioning(str(state_dir)) == []
 
 

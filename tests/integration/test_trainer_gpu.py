@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from shared.artifacts import TORCH_EXPORT_FILE
-from svc_trainer import torch_runner
+from svc_trainer import torch_devices, torch_runner
 from svc_trainer.plan import Hyperparams, StopReason, TrialError
 from tests.integration import torch_group
 from tests.integration.trainer_support import RecordingChannel, digits_splits, run_spec
@@ -39,9 +39,9 @@ def test_single_trains_in_bf16_on_the_gpu_with_its_data_resident_and_exports(
     result = torch_runner.run(spec, DIGITS, channel)
     assert result.test_metrics["test_accuracy"] > 0.9, result.test_metrics
     assert (tmp_path / "export" / TORCH_EXPORT_FILE).is_file()
-    assert torch_runner.data_placement(DIGITS.x_train.nbytes, torch.device("cuda", 0), 1 << 30) == (
-        "device"
-    )
+    assert torch_devices.data_placement(
+        DIGITS.x_train.nbytes, torch.device("cuda", 0), 1 << 30
+    ) == ("device")
 
 
 def test_ddp_runs_one_rank_per_gpu_over_nccl(tmp_path: Path) -> None:

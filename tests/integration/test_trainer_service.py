@@ -216,12 +216,12 @@ def _uploaded_epoch(store: str, request: tuning_pb2.TrialRequested, scratch: Pat
     """The epoch of the trial's checkpoint in the remote store (0: none yet)."""
     import torch
 
-    from svc_trainer import torch_runner, trials
+    from svc_trainer import torch_loop, trials
 
     key = f"checkpoints/{trials.trial_key(request)}"
     if not ArtifactStore(store).get_checkpoint(key, scratch):
         return 0
-    saved = torch.load(scratch / torch_runner.CHECKPOINT_FILE, weights_only=True)
+    saved = torch.load(scratch / torch_loop.CHECKPOINT_FILE, weights_only=True)
     return int(saved["epoch"])
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from shared.artifacts import TORCH_EXPORT_FILE
-from svc_trainer import torch_runner
+from svc_trainer import torch_devices, torch_loop, torch_runner
 from svc_trainer.plan import Hyperparams, StopReason, TrialError, check_replicas_fit
 from tests.integration import torch_group
 from tests.integration.trainer_support import (
@@ -116,9 +116,9 @@ def test_more_replicas_than_gpus_is_refused_naming_both(strategy: str) -> None:
 
 def test_training_data_goes_to_the_gpu_when_it_fits_else_pinned_memory() -> None:
     gpu = torch.device("cuda", 0)
-    assert torch_runner.data_placement(1 << 20, gpu, free_bytes=1 << 30) == "device"
-    assert torch_runner.data_placement(1 << 30, gpu, free_bytes=1 << 30) == "pinned"
-    assert torch_runner.data_placement(1 << 30, torch.device("cpu"), free_bytes=0) == "host"
+    assert torch_devices.data_placement(1 << 20, gpu, free_bytes=1 << 30) == "device"
+    assert torch_devices.data_placement(1 << 30, gpu, free_bytes=1 << 30) == "pinned"
+    assert torch_devices.data_placement(1 << 30, torch.device("cpu"), free_bytes=0) == "host"
 
 
 def test_model_parallel_computes_what_one_device_computes(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_two_stages_cut_the_model_between_convolutions_and_head() -> None:
     model = torch_models.build("cnn", Hyperparams(), DIGITS)
     cut = torch_models.split_point(model)
     assert isinstance(model[cut - 1], torch.nn.Flatten)
-    staged = torch_runner.TwoStage(model, cut, torch.device("cpu"), torch.device("cpu"))
+    staged = torch_devices.TwoStage(model, cut, torch.device("cpu"), torch.device("cpu"))
     x = torch.as_tensor(DIGITS.x_val[:5])
     model.eval()
     assert torch.equal(staged(x), model(x))
@@ -154,7 +154,7 @@ def test_a_checkpoint_resumes_at_the_next_epoch(tmp_path: Path) -> None:
 
 def test_a_corrupt_checkpoint_starts_over_and_says_so(tmp_path: Path) -> None:
     torch_runner.run(run_spec(tmp_path, epochs=1), DIGITS, RecordingChannel())
-    (tmp_path / "checkpoints" / torch_runner.CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
+    (tmp_path / "checkpoints" / torch_loop.CHECKPOINT_FILE).write_bytes(b"not a checkpoint")
     channel = RecordingChannel()
     result = torch_runner.run(run_spec(tmp_path, epochs=2), DIGITS, channel)
     [(step, note)] = channel.started_events()

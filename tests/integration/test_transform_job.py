@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -13,6 +12,7 @@ import pytest
 
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import events_pb2, features_pb2
+from shared.feature_store import decode_window, online_field, online_key
 from shared.redis_client import make_redis
 from tests.infra import Infra, read_topic, wait_until
 from tests.integration.transform_job import TransformJob, TransformTopics
@@ -70,10 +70,8 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
         publish(producer, topics.clean, [reading("clock", 40, 0.0)])
 
         # t-1: two tumbling windows, and three 20 s windows sliding every 10 s.
-        windows = [
-            features_pb2.FeatureWindow.FromString(v)
-            for v in read_topic(infra.kafka, topics.features, wanted=5, timeout=180)
-        ]
+        records = read_topic(infra.kafka, topics.features, wanted=5, timeout=180)
+        windows = [features_pb2.FeatureWindow.FromString(v) for v in records]
         assert len(windows) == 5, job.log_text()[-3000:]
         by_start = {
             w.window_start.ToDatetime(tzinfo=UTC): w for w in windows if w.window_size.seconds == 10
@@ -125,12 +123,14 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
     # Partitioned by date and metric (the date partition reads back as a date).
     assert {(str(r.date), r.metric) for r in stored} == {("2026-11-22", "temperature")}
 
-    online = make_redis(infra.redis).hgetall(f"{topics.redis_prefix}t-1")
-    latest = json.loads(online[b"temperature@tumbling-10s"])
-    assert (latest["count"], latest["mean"]) == (1, 30.0)
-    assert latest["window_end"] == (T0 + timedelta(seconds=20)).isoformat()
-    latest_sliding = json.loads(online[b"temperature@sliding-20s-every-10s"])
-    assert (latest_sliding["count"], latest_sliding["mean"]) == (1, 30.0)
+    online = make_redis(infra.redis).hgetall(online_key(topics.redis_prefix, "t-1"))
+    latest = decode_window(online[online_field("temperature", "tumbling-10s").encode()])
+    assert (latest.count, latest.mean) == (1, 30.0)
+    assert latest.window_end.ToDatetime(tzinfo=UTC) == T0 + timedelta(seconds=20)
+    # The online value is the window's record on the features topic, byte for byte.
+    assert online[b"temperature@tumbling-10s"] in records
+    latest_sliding = decode_window(online[b"temperature@sliding-20s-every-10s"])
+    assert (latest_sliding.count, latest_sliding.mean) == (1, 30.0)
 
 
 def test_a_killed_job_resumes_from_its_checkpoint_without_losing_or_doubling_a_window(
@@ -164,10 +164,10 @@ def test_a_killed_job_resumes_from_its_checkpoint_without_losing_or_doubling_a_w
     assert starts == [T0 + timedelta(seconds=10 * i) for i in range(20)]  # none missing or twice
     assert all(r["count"] == 10 for r in stored)
     assert sorted(r.min for r in stored) == [float(10 * i) for i in range(20)]
-    online = make_redis(infra.redis).hgetall(f"{topics.redis_prefix}t-k")
-    latest = json.loads(online[b"temperature@tumbling-10s"])
-    assert latest["window_end"] == (T0 + timedelta(seconds=200)).isoformat()
-    assert (latest["count"], latest["max"]) == (10, 199.0)
+    online = make_redis(infra.redis).hgetall(online_key(topics.redis_prefix, "t-k"))
+    latest = decode_window(online[b"temperature@tumbling-10s"])
+    assert latest.window_end.ToDatetime(tzinfo=UTC) == T0 + timedelta(seconds=200)
+    assert (latest.count, latest.max) == (10, 199.0)
 
 
 def read_window_keys(infra: Infra, topics: TransformTopics) -> set[str]:

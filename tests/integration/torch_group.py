@@ -1,4 +1,4 @@
-"""One DDP rank's view of ``torch_runner``'s group collectives, for tests that
+"""One DDP rank's view of ``torch_ddp``'s group collectives, for tests that
 run them over a real process group: gloo on CPUs, NCCL on GPUs."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from svc_trainer import torch_runner
+from svc_trainer import torch_ddp
+from svc_trainer.launch import LocalGroup
 from svc_trainer.plan import StopReason
 
 
@@ -17,9 +18,9 @@ def reduce_as_rank(
     rank: int, world: int, init: str, cuda: bool, stop: int, values: tuple[float, ...]
 ) -> tuple[int, list[float], str]:
     """(the agreed stop, the summed values, the device the group used), in a
-    group joined as ``torch_runner._ddp_train`` joins it."""
+    group joined as ``torch_ddp._ddp_train`` joins it."""
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    group = torch_runner._join_group(rank, world, init, device, timedelta(seconds=60))
+    group = torch_ddp.join_group(rank, world, init, device, timedelta(seconds=60))
     try:
         agreed = group.agree(StopReason(stop))
         totals = group.total(*values)
@@ -36,15 +37,16 @@ def reduce_over_two_ranks(cuda: bool) -> tuple[tuple[Any, ...], tuple[Any, ...]]
     context = torch.multiprocessing.get_context("spawn" if cuda else "forkserver")
     out = context.Queue()
     init = f"tcp://127.0.0.1:{free_port()}"
-    other = context.Process(
-        target=reduce_in_child, args=(1, 2, init, cuda, int(StopReason.PRUNE), (3.0, 4.0), out)
-    )
-    other.start()
-    try:
+    with LocalGroup("torch-group-test") as group:
+        group.start_function(
+            "rank:1",
+            context,
+            reduce_in_child,
+            (1, 2, init, cuda, int(StopReason.PRUNE), (3.0, 4.0), out),
+        )
         mine = reduce_as_rank(0, 2, init, cuda, int(StopReason.NONE), (1.0, 2.0))
         theirs = out.get(timeout=120)
-    finally:
-        other.join(timeout=60)
+        group.wait(60)
     return mine, theirs
 
 

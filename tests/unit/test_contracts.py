@@ -7,7 +7,7 @@ import pytest
 from google.protobuf import descriptor_pool
 from google.protobuf.message import Message
 
-from compose import kafka_dist, spark_dist
+from compose import kafka_dist
 from shared.bus.topics import TOPICS, TOPICS_BY_NAME
 from shared.contracts import codegen
 from shared.contracts.aistack.v1 import (
@@ -18,6 +18,7 @@ from shared.contracts.aistack.v1 import (
     tuner_service_pb2,
     tuning_pb2,
 )
+from svc_transform import jars as transform_jars
 
 DESIGN_TOPICS = {
     "aistack.events.raw",
@@ -152,9 +153,9 @@ def test_kafka_version_agrees_with_the_pom() -> None:
 
 
 def test_spark_connector_version_is_pyspark_s() -> None:
-    version = re.escape(spark_dist.SPARK_VERSION)
-    assert re.search(rf"<spark.version>{version}</spark.version>", spark_dist.POM.read_text())
-    pyproject = (Path(spark_dist.POM).parents[2] / "pyproject.toml").read_text()
+    version = re.escape(transform_jars.SPARK_VERSION)
+    assert re.search(rf"<spark.version>{version}</spark.version>", transform_jars.POM.read_text())
+    pyproject = (Path(transform_jars.POM).parents[2] / "pyproject.toml").read_text()
     assert re.search(rf'"pyspark=={version}"', pyproject)
 
 

@@ -15,6 +15,7 @@ def ready(
     *,
     direction: int = common_pb2.DIRECTION_MINIMIZE,
     name: str = "m",
+    refit: bool = False,
 ) -> models_pb2.ModelReady:
     event = models_pb2.ModelReady(
         model_name=name,
@@ -23,6 +24,8 @@ def ready(
     )
     if value is not None:
         event.metrics["val_error"] = value
+    if refit:
+        event.labels["refit"] = "true"  # as trainers label the tuner's refit
     return event
 
 
@@ -35,12 +38,17 @@ def served(event: models_pb2.ModelReady) -> Served:
     [
         (ready(2, 0.1), ready(1, 0.2), "champion", True),
         (ready(2, 0.3), ready(1, 0.2), "champion", False),
-        (ready(2, 0.2), ready(1, 0.2), "champion", False),  # a tie keeps the serving one
+        (ready(2, 0.2), ready(1, 0.2), "champion", False),  # a tie: the earlier version
+        (ready(1, 0.2), ready(2, 0.2), "champion", True),  # whichever arrived first
         (ready(2, 0.3), ready(1, 0.2), "latest", True),
         (ready(1, 0.1), ready(2, 0.2), "latest", False),
         (ready(2, None), ready(1, 0.2), "champion", False),  # no value: never beats one
         (ready(2, 0.9), ready(1, None), "champion", True),
         (ready(2, None), ready(1, None), "champion", True),  # neither: the newer
+        # A refit's validation metrics are on data it trained on: not judged by them.
+        (ready(2, 0.01, refit=True), ready(1, 0.2), "champion", False),
+        (ready(2, 0.3), ready(1, 0.01, refit=True), "champion", True),
+        (ready(2, 0.01, refit=True), ready(1, 0.2), "latest", True),
         (
             ready(2, 0.9, direction=common_pb2.DIRECTION_MAXIMIZE),
             ready(1, 0.8, direction=common_pb2.DIRECTION_MAXIMIZE),
@@ -93,6 +101,19 @@ def test_replay_loads_the_champion_and_the_newest() -> None:
     assert wanted(events, "champion", keep=3) == [2, 3, 4]
     assert wanted(events, "latest", keep=1) == [4]
     assert wanted([], "champion", keep=1) == []
+
+
+def test_the_champion_does_not_depend_on_the_order_versions_arrive_in() -> None:
+    """Live installs and a restarted server's replay pick the same version:
+    the best value, ties to the earlier, a refit never (shared.objective)."""
+    events = [ready(1, 0.3), ready(2, 0.1), ready(3, 0.1), ready(4, 0.05, refit=True)]
+    for order in (events, events[::-1], [events[2], events[0], events[3], events[1]]):
+        repository = Repository("champion", keep_versions=1)
+        for event in order:
+            repository.install(served(event))
+        champion = repository.champion("m")
+        assert champion is not None and champion.version == 2
+    assert wanted(events, "champion", keep=1) == [2, 4]
 
 
 def test_the_index_shows_every_known_version_and_why_it_is_not_ready() -> None:

@@ -12,11 +12,6 @@ from tests import settings_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-STUDY_CLI = ROOT / "compose" / "study.py"
-
-# Read by `aistack study` (compose/study.py) straight from the environment:
-# they configure the client, not a service, so no settings class has them.
-CLIENT_VARIABLES = frozenset({"AISTACK_TUNER_TARGET", "AISTACK_TUNER_TLS_CA_FILE"})
 
 _NAME = re.compile(r"`([^`]+)`")
 
@@ -123,11 +118,5 @@ def test_every_setting_is_in_the_readme_table() -> None:
 
 def test_every_readme_row_is_a_real_setting() -> None:
     table = documented(README.read_text(), settings_catalog.env_prefixes())
-    stale = sorted(table - settings_catalog.env_names() - CLIENT_VARIABLES)
+    stale = sorted(table - settings_catalog.env_names())
     assert not stale, "README.md's settings table names unknown settings: " + ", ".join(stale)
-
-
-def test_client_variables_are_still_read_by_the_study_command() -> None:
-    source = STUDY_CLI.read_text()
-    for name in sorted(CLIENT_VARIABLES):
-        assert f'"{name}"' in source, f"{name} is no longer read by compose/study.py"

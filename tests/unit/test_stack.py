@@ -16,8 +16,10 @@ from pydantic import ValidationError
 
 from compose import cli
 from compose.local import PortTaken
+from compose.logs import follow, last_lines
+from compose.processes import group_members, port_taken
 from compose.settings import InfraSettings, StackSettings
-from compose.stack import ServiceStack, _group_members, follow, last_lines, port_taken
+from compose.stack import ServiceStack
 from shared.errors import ConfigError, NotFound, Unavailable
 from shared.ports import free_ports
 from shared.settings import CommonSettings, load_settings
@@ -308,7 +310,7 @@ def test_down_stops_a_service_and_the_children_it_leaves(
     assert leader.wait(5) == -signal.SIGTERM
     assert {s.state for s in stack.status()} == {"stopped"}
     # Zombies aside (init reaps the orphan when it gets to it): nobody is left.
-    assert _group_members(leader.pid) == []
+    assert group_members(leader.pid) == []
 
 
 def test_down_clears_exited_services(stack: ServiceStack, tmp_path: Path) -> None:

@@ -16,8 +16,9 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 from numpy.typing import NDArray
 
-from svc_trainer import data
-from svc_trainer.data import feature_names, load
+from shared.feature_store import FEATURE_STATS, OFFLINE_COLUMNS, partition_path
+from svc_trainer.data import load
+from svc_trainer.feature_data import feature_names
 from svc_trainer.idx import read_idx, write_idx
 from svc_trainer.plan import TASK_CLASSIFICATION, TASK_REGRESSION, DataSplits, TrialError
 
@@ -358,7 +359,7 @@ def write_store(root: Path, windows: Sequence[Window], *, int96: bool = True) ->
     for w in windows:
         groups.setdefault((w.start.strftime("%Y-%m-%d"), w.metric, w.window, w.batch), []).append(w)
     for (date, metric, window, batch), rows in groups.items():
-        folder = root / f"date={date}" / f"metric={metric}" / f"window={window}" / f"batch={batch}"
+        folder = root / partition_path(date=date, metric=metric, window=window, batch=batch)
         folder.mkdir(parents=True, exist_ok=True)
         pq.write_table(
             window_table(rows),
@@ -390,6 +391,7 @@ def window_table(rows: Sequence[Window]) -> Any:
         "error_rate": (pa.float64(), [None for _ in rows]),
         "last_event_time": (timestamp, [w.start + timedelta(seconds=59) for w in rows]),
     }
+    assert tuple(columns) == OFFLINE_COLUMNS  # the layout svc_transform writes
     return pa.table({name: pa.array(values, kind) for name, (kind, values) in columns.items()})
 
 
@@ -410,7 +412,7 @@ def store(tmp_path: Path) -> Path:
 
 
 def test_feature_columns_are_lags_oldest_first() -> None:
-    names = feature_names(data.FEATURE_STATS, 2)
+    names = feature_names(FEATURE_STATS, 2)
     assert names == [
         "mean_lag2", "stddev_lag2", "min_lag2", "max_lag2", "count_lag2", "p50_lag2", "p95_lag2",
         "mean_lag1", "stddev_lag1", "min_lag1", "max_lag1", "count_lag1", "p50_lag1", "p95_lag1",

@@ -1,7 +1,11 @@
-"""Spark's Kafka connector and protobuf jars: from Maven Central once, cached.
+"""The jars svc_transform's Spark session loads: Spark's Kafka connector and
+protobuf-java (fetched from Maven Central once) and svc_transform's own JVM
+functions (``jvm/``, compiled once), all in the cache directory.
 
 ``spark.jars`` then points at local files, so a job starts without network
 (``spark.jars.packages`` would resolve through Ivy on every cold start).
+``python -m svc_transform.jars`` builds them ahead of time; ``aistack infra
+fetch`` (``make setup``) and the container image run it.
 """
 
 from __future__ import annotations
@@ -11,16 +15,57 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from compose import maven
-from shared.errors import ConfigError
+from shared import maven
+from shared.errors import AistackError, ConfigError
+from shared.settings import CommonSettings, load_settings
 
-# pyspark's version (pyproject.toml pins it); keep in step with compose/spark/pom.xml.
+# pyspark's version (pyproject.toml pins it); keep in step with jvm/pom.xml.
 SPARK_VERSION = "4.0.0"
 SCALA_BINARY_VERSION = "2.13"
-POM = Path(__file__).resolve().parent / "spark" / "pom.xml"
+JVM_SOURCES = Path(__file__).resolve().parent / "jvm"
+POM = JVM_SOURCES / "pom.xml"
+DESCRIPTOR_SET = (
+    Path(__file__).resolve().parent.parent / "shared" / "contracts" / "aistack_v1.binpb"
+)
+
+
+@dataclass(frozen=True)
+class Built:
+    """What ``build`` left in the cache."""
+
+    connectors: list[Path]
+    # None where pyspark is not installed: the functions compile against its jars.
+    functions: Path | None
+
+    def describe(self) -> list[str]:
+        """One line per part, for a person."""
+        lines = [
+            f"spark {SPARK_VERSION} connectors: {len(self.connectors)} jars in "
+            f"{self.connectors[0].parent}"
+        ]
+        if self.functions is not None:
+            lines.append(f"svc_transform functions: {self.functions}")
+        else:
+            lines.append("svc_transform functions: not built (pyspark is not installed)")
+        return lines
+
+
+def build(cache_dir: Path) -> Built:
+    """Fetch the connectors and, where pyspark is installed, compile the
+    functions; each a no-op when already in the cache."""
+    connectors = ensure_connector_jars(cache_dir)
+    functions = ensure_functions_jar(cache_dir) if pyspark_installed() else None
+    return Built(connectors, functions)
+
+
+def session_jars(cache_dir: Path) -> list[Path]:
+    """Every jar for ``spark.jars``, built first when missing."""
+    return [*ensure_connector_jars(cache_dir), ensure_functions_jar(cache_dir)]
 
 
 def connectors_home(cache_dir: Path) -> Path:
@@ -32,7 +77,7 @@ def is_fetched(cache_dir: Path) -> bool:
 
 
 def ensure_connector_jars(cache_dir: Path) -> list[Path]:
-    """The jars to put on ``spark.jars``, fetched first when missing."""
+    """The connector jars, fetched first when missing."""
     home = maven.fetch_runtime(
         POM,
         connectors_home(cache_dir),
@@ -40,14 +85,6 @@ def ensure_connector_jars(cache_dir: Path) -> list[Path]:
         what=f"Spark {SPARK_VERSION} Kafka and protobuf connectors",
     )
     return sorted((home / "libs").glob("*.jar"))
-
-
-# svc_transform's JVM functions (protobuf in and out of Spark rows), compiled
-# here against pyspark's own jars: no Spark artifacts to download.
-FUNCTIONS_SOURCES = Path(__file__).resolve().parent.parent / "svc_transform" / "jvm"
-DESCRIPTOR_SET = (
-    Path(__file__).resolve().parent.parent / "shared" / "contracts" / "aistack_v1.binpb"
-)
 
 
 def pyspark_installed() -> bool:
@@ -61,22 +98,29 @@ def pyspark_jars() -> Path:
     return Path(spec.origin).parent / "jars"
 
 
-def ensure_functions_jar(cache_dir: Path) -> Path:
-    """Compile svc_transform's JVM functions with the contracts' descriptor set
-    into a jar in the cache; rebuilt when a source or the contracts change."""
+def functions_digest() -> str:
+    """Names the functions jar: it changes with Spark's version, any JVM
+    source or the contracts' descriptor set, and nothing else."""
     if not DESCRIPTOR_SET.is_file():
         raise ConfigError(f"{DESCRIPTOR_SET} is missing: make proto")
-    sources = sorted(FUNCTIONS_SOURCES.rglob("*.java"))
     digest = hashlib.sha256(SPARK_VERSION.encode())
-    for path in [*sources, DESCRIPTOR_SET]:
+    for path in [*sorted(JVM_SOURCES.rglob("*.java")), DESCRIPTOR_SET]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
-    jar = cache_dir / "aistack-spark-functions" / f"functions-{digest.hexdigest()[:16]}.jar"
+    return digest.hexdigest()[:16]
+
+
+def ensure_functions_jar(cache_dir: Path) -> Path:
+    """Compile the JVM functions with the contracts' descriptor set into a jar
+    in the cache, against pyspark's own jars (no Spark artifacts to download);
+    rebuilt when a source or the contracts change."""
+    jar = cache_dir / "aistack-spark-functions" / f"functions-{functions_digest()}.jar"
     if jar.is_file():
         return jar
     javac, jar_tool = shutil.which("javac"), shutil.which("jar")
     if javac is None or jar_tool is None:
         raise ConfigError("a JDK (javac, jar) is needed to build svc_transform's functions")
+    sources = sorted(JVM_SOURCES.rglob("*.java"))
     protobuf = [p for p in ensure_connector_jars(cache_dir) if p.name.startswith("protobuf-java")]
     jar.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=jar.parent) as tmp:
@@ -114,3 +158,18 @@ def _run(command: list[str], what: str) -> None:
     if result.returncode != 0:
         tail = (result.stdout + result.stderr).strip().splitlines()[-8:]
         raise ConfigError(f"could not {what}: {' | '.join(tail)}")
+
+
+def main() -> int:
+    try:
+        built = build(load_settings(CommonSettings).cache_dir)
+    except AistackError as exc:
+        print(f"svc_transform.jars: {exc}", file=sys.stderr)
+        return 1
+    for line in built.describe():
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

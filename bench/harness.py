@@ -1,0 +1,166 @@
+"""What every benchmark shares: the one output format, the infra it runs
+against, the processes it starts and the order of its rounds.
+
+Only the standard library at module level: ``bench.serving``'s client
+processes are spawned and import it again, and there tritonclient must be the
+one owner of the protobuf package ``inference`` (aistack's contracts register
+it too). aistack's settings are imported where used.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from shared.settings import KafkaSettings, RedisSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository: every service a benchmark starts runs from here."""
+
+ITSELF = "[aistack against itself]"
+
+T = TypeVar("T")
+
+
+# ---- the one output format ----
+
+
+def ratio_line(
+    name: str, ratio: float, goal: float, *, digits: int = 2, itself: bool = False
+) -> str:
+    """``NAME: ratio R (goal G)``, the line each figure of a benchmark ends in.
+
+    Higher is always better: a benchmark states every figure as a ratio that
+    meets its goal when ``ratio >= goal``. ``itself`` marks a ratio of aistack
+    against itself (two of its own stages or configurations: two consumers
+    over one, batched over unbatched), not against a peer, so that nobody
+    reads it as one.
+    The goal is shown to two decimals at most."""
+    text = f"{name}: ratio {ratio:.{digits}f} (goal {round(goal, 2)})"
+    return f"{text} {ITSELF}" if itself else text
+
+
+def print_ratio(
+    name: str, ratio: float, goal: float, *, digits: int = 2, itself: bool = False
+) -> None:
+    print(ratio_line(name, ratio, goal, digits=digits, itself=itself), flush=True)
+
+
+# ---- the infra: Kafka and Redis as `aistack infra up` (or the environment) names them ----
+
+
+def kafka_settings() -> KafkaSettings:
+    """The broker every benchmark uses: ``aistack infra up``'s, or the one
+    ``AISTACK_KAFKA_BOOTSTRAP`` names."""
+    from shared.settings import KafkaSettings, load_settings
+
+    return load_settings(KafkaSettings)
+
+
+def redis_settings() -> RedisSettings:
+    from shared.settings import RedisSettings, load_settings
+
+    return load_settings(RedisSettings)
+
+
+def child_env(
+    overrides: Mapping[str, str],
+    *,
+    kafka: KafkaSettings | None = None,
+    redis: RedisSettings | None = None,
+    defaults: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of a service a benchmark starts: this process's, then
+    ``defaults`` where it sets nothing, the infra's addresses and ``overrides``.
+
+    The benchmarks configure the services they start as a deployment does,
+    through their settings' environment variables; this is the one place a
+    benchmark reads its own environment."""
+    env = dict(os.environ)
+    for name, value in (defaults or {}).items():
+        env.setdefault(name, value)
+    if kafka is not None:
+        env["AISTACK_KAFKA_BOOTSTRAP"] = kafka.bootstrap
+    if redis is not None:
+        env["AISTACK_REDIS_URL"] = redis.url
+    env.update(overrides)
+    return env
+
+
+# ---- processes ----
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    """The command that runs ``python -m module args`` with this interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
+def spawn(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    log: IO[bytes],
+    *,
+    stdin: bool = False,
+    new_session: bool = False,
+) -> subprocess.Popen[bytes]:
+    """``command`` from the repository root, its output into ``log``; with
+    ``stdin`` a pipe the caller writes to, else nothing to read."""
+    return subprocess.Popen(
+        list(command),
+        cwd=ROOT,
+        env=dict(env),
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=new_session,
+    )
+
+
+def read_metric(port: int, series: str) -> float:
+    """``series`` (name and labels) from a process's /metrics; 0 before it answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    return sum_series(text, series)
+
+
+def sum_series(text: str, series: str) -> float:
+    """The sum of ``series``' samples in a Prometheus text exposition."""
+    wanted = f"{series} "
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
+
+
+def _put_result(queue: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    queue.put(fn(*args))
+
+
+def in_fresh_process(fn: Callable[..., T], *args: Any, timeout: float = 1800) -> T:
+    """``fn(*args)`` in a fresh spawned process (thread settings and devices
+    are per process); not a daemon, so that it may start processes itself
+    (DDP ranks). ``fn`` must be importable by name."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_put_result, args=(queue, fn, args))
+    process.start()
+    result: T = queue.get(timeout=timeout)
+    process.join()
+    return result
+
+
+# ---- rounds ----
+
+
+def round_order(items: Sequence[T], round_number: int) -> list[T]:
+    """``items`` in the order they run in round ``round_number``: as given in
+    even rounds, reversed in odd ones, so that warm caches and a machine's
+    drift favour none of them."""
+    return list(items) if round_number % 2 == 0 else list(reversed(items))

@@ -1,0 +1,215 @@
+"""The served side of bench.serving: the model exported by svc_trainer's own
+code, the ModelReady event that tells svc_model about it, and the server
+processes (svc_model as deployed, and KServe's ModelServer in
+bench.serving_kserve).
+
+Only the standard library and numpy at module level, as in
+bench.serving_callers: bench.serving imports this module, and its spawned
+client processes import bench.serving again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from bench.harness import (
+    child_env,
+    kafka_settings,
+    python_module,
+    read_metric,
+    redis_settings,
+    spawn,
+)
+from bench.serving_callers import CHECK_IMAGES, MODEL
+from shared.ports import free_port
+
+AISTACK_BATCHED = "aistack batched"
+AISTACK_UNBATCHED = "aistack unbatched"
+KSERVE = "kserve"
+
+
+@dataclass(frozen=True)
+class Exported:
+    directory: Path
+    path: Path
+    sha256: str
+    size: int
+    images: np.ndarray
+    expected: np.ndarray  # the in-process probabilities of the first CHECK_IMAGES images
+
+
+def export_model(directory: Path) -> Exported:
+    import torch
+
+    from shared.artifacts import digest
+    from svc_trainer import data as datasets
+    from svc_trainer import torch_models, torch_runner
+    from svc_trainer.plan import Hyperparams
+
+    data = datasets.load("digits", {})
+    torch.manual_seed(0)
+    model = torch_models.build("cnn", Hyperparams(), data)
+    path = torch_runner.export(model, data, directory)
+    sha, size = digest(directory)
+    images = np.ascontiguousarray(data.x_test[:64], dtype=np.float32)
+    module = torch.export.load(str(path)).module()
+    with torch.inference_mode():
+        expected = np.concatenate(
+            [module(torch.from_numpy(images[i][None])).numpy() for i in range(CHECK_IMAGES)]
+        )
+    return Exported(directory, path, sha, size, images, expected)
+
+
+def publish_model(topics: tuple[str, str], exported: Exported) -> None:
+    """The ModelReady event svc_trainer would publish, on this run's own topic."""
+    from shared.bus.producer import BusProducer
+    from shared.bus.topics import EVENTS_DLQ, MODELS_READY, TOPICS_BY_NAME, ensure_topics
+    from shared.contracts.aistack.v1 import common_pb2, models_pb2
+
+    kafka = kafka_settings()
+    models_topic, dlq_topic = topics
+    ensure_topics(
+        kafka,
+        [
+            TOPICS_BY_NAME[MODELS_READY].named(models_topic),
+            TOPICS_BY_NAME[EVENTS_DLQ].named(dlq_topic),
+        ],
+    )
+    ready = models_pb2.ModelReady(
+        model_name=MODEL,
+        version="1",
+        framework=common_pb2.FRAMEWORK_TORCH,
+        format=models_pb2.ARTIFACT_FORMAT_TORCH_EXPORT,
+        artifact_uri=exported.directory.as_uri(),
+        sha256=exported.sha256,
+        size_bytes=exported.size,
+        inputs=[models_pb2.TensorSpec(name="input", datatype="FP32", shape=[-1, 8, 8])],
+        outputs=[models_pb2.TensorSpec(name="probabilities", datatype="FP32", shape=[-1, 10])],
+        objective=common_pb2.Objective(metric="val_error", direction=common_pb2.DIRECTION_MINIMIZE),
+    )
+    ready.metrics["val_error"] = 0.1
+    with BusProducer(kafka, source="bench") as producer:
+        producer.publish(models_topic, ready, key=f"{ready.model_name}/{ready.version}")
+        producer.flush()
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+    log: Path
+    metrics_port: int = 0
+    _handle: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def wait_for_port(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name}: nothing listens on {self.port} after {timeout} s")
+
+    def mean_batch(self) -> tuple[float, float]:
+        """(rows, executions) so far, off svc_model's batch-size histogram."""
+        rows = read_metric(self.metrics_port, f'aistack_model_batch_size_sum{{model="{MODEL}"}}')
+        runs = read_metric(self.metrics_port, f'aistack_model_batch_size_count{{model="{MODEL}"}}')
+        return rows, runs
+
+    def give_model(self, path: Path) -> None:
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(f"{path}\n".encode())
+            self.process.stdin.close()
+        except BrokenPipeError as exc:
+            raise RuntimeError(f"{self.name} exited:\n{self.log_tail()}") from exc
+
+    def ask_to_stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()  # SIGTERM: both servers drain and exit
+
+    def wait(self, timeout: float) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        if self._handle is not None:
+            self._handle.close()
+
+
+def _start(
+    name: str, command: list[str], env: dict[str, str], state: Path, port: int, stdin: bool = False
+) -> Server:
+    log = state / f"{name.replace(' ', '-')}.log"
+    handle = log.open("wb")
+    process = spawn(command, env, handle, stdin=stdin)
+    return Server(name, port, process, log, _handle=handle)
+
+
+def start_aistack(batching: bool, topics: tuple[str, str], state: Path, threads: int) -> Server:
+    port, metrics_port = free_port(), free_port()
+    name = AISTACK_BATCHED if batching else AISTACK_UNBATCHED
+    directory = state / name.replace(" ", "-")
+    directory.mkdir()
+    env = child_env(
+        {
+            "AISTACK_STATE_DIR": str(directory),
+            "AISTACK_LOG_LEVEL": "WARNING",
+            "AISTACK_MODEL_GRPC_ADDRESS": f"127.0.0.1:{port}",
+            "AISTACK_MODEL_MODELS_TOPIC": topics[0],
+            "AISTACK_MODEL_DLQ_TOPIC": topics[1],
+            "AISTACK_MODEL_METRICS_PORT": str(metrics_port),
+            "AISTACK_MODEL_BATCHING": "true" if batching else "false",
+            "AISTACK_MODEL_INTRA_OP_THREADS": str(threads),
+        },
+        kafka=kafka_settings(),
+        redis=redis_settings(),
+    )
+    server = _start(name, python_module("svc_model"), env, state, port)
+    server.metrics_port = metrics_port
+    return server
+
+
+def start_kserve(state: Path, threads: int) -> Server:
+    """KServe's server, importing; ``Server.give_model`` tells it what to load.
+
+    A process of its own: kserve registers the protobuf package ``inference``,
+    as aistack's contracts and tritonclient do, and two in one process clash."""
+    port = free_port()
+    command = python_module(
+        "bench.serving_kserve",
+        "--model_path",
+        "-",
+        "--name",
+        MODEL,
+        "--grpc_port",
+        str(port),
+        "--http_port",
+        str(free_port()),
+        "--threads",
+        str(threads),
+    )
+    return _start(KSERVE, command, child_env({}), state, port, stdin=True)

@@ -1,0 +1,119 @@
+"""The feature store's layouts: the contract between svc_transform, which
+writes both stores, and svc_model and svc_trainer, which read them.
+
+Online store (Redis): one hash per entity, key ``online_key(prefix, entity)``;
+one field per (metric, dimensions, window kind), named by ``online_field``;
+the value is the entity's latest closed window as aistack.v1.FeatureWindow
+bytes, the same bytes as its record on aistack.features.windows
+(``decode_window`` reads them). Beside each field the writer keeps
+``<field>:end``, the window's end in epoch milliseconds, so that only a newer
+window replaces it.
+
+Offline store (Parquet): every window svc_transform closed, Hive-partitioned
+by ``PARTITIONS`` (``date=/metric=/window=/batch=``), the other columns
+``OFFLINE_COLUMNS``. ``batch`` is the Spark micro-batch that wrote the rows:
+a replayed batch replaces only its own partition, so of a window stored
+twice the latest batch's row is the one to read.
+
+A model fed by entity takes a window's ``FEATURE_STATS``, in that order.
+"""
+
+from __future__ import annotations
+
+import json
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
+from shared.errors import FailedPrecondition
+
+#: The window statistics a feature model reads, in this order: svc_trainer
+#: builds its lags from them, svc_model feeds them by entity.
+FEATURE_STATS = ("mean", "stddev", "min", "max", "count", "p50", "p95")
+
+#: What a window's statistics are per, besides the window itself.
+DIMENSIONS = ("entity_id", "metric", "path", "unit")
+#: What one time series is per, within one metric and window kind.
+SERIES_COLUMNS = tuple(column for column in DIMENSIONS if column != "metric")
+
+#: The offline store's Hive partitions, outermost first, with their Arrow type aliases.
+PARTITIONS = (("date", "string"), ("metric", "string"), ("window", "string"), ("batch", "int64"))
+PARTITION_COLUMNS = tuple(name for name, _ in PARTITIONS)
+#: The offline store's columns besides the partitions, in file order.
+OFFLINE_COLUMNS = (
+    "window_key",
+    "entity_id",
+    "path",
+    "unit",
+    "window_start",
+    "window_end",
+    "window_size",
+    "window_slide",
+    "count",
+    "mean",
+    "min",
+    "max",
+    "stddev",
+    "last",
+    "p50",
+    "p95",
+    "error_rate",
+    "last_event_time",
+)
+
+
+#: The online store's default key prefix (svc_transform's and svc_model's
+#: ``online_key_prefix`` setting).
+ONLINE_KEY_PREFIX = "aistack:features:"
+
+
+def online_key(prefix: str, entity_id: str) -> str:
+    """The Redis hash holding ``entity_id``'s latest windows."""
+    return f"{prefix}{entity_id}"
+
+
+def online_field(metric: str, window: str, path: str = "") -> str:
+    """The hash field of one (metric, path, window kind): ``temperature@tumbling-60s``,
+    ``http.latency_ms|path=/api/orders@tumbling-60s``. ``window`` is the window
+    kind's name, as in the offline store's ``window=`` partition."""
+    return f"{metric}|path={path}@{window}" if path else f"{metric}@{window}"
+
+
+def partition_path(*, date: str, metric: str, window: str, batch: int) -> str:
+    """One partition's directory under the offline store's root, for values
+    Hive does not escape (no ``/``, ``=``, ``%`` and the like)."""
+    values = {"date": date, "metric": metric, "window": window, "batch": batch}
+    return "/".join(f"{name}={values[name]}" for name in PARTITION_COLUMNS)
+
+
+def encode_window(window: FeatureWindow) -> bytes:
+    """An online-store value (svc_transform encodes the same message in Spark)."""
+    return window.SerializeToString(deterministic=True)
+
+
+def decode_window(value: bytes) -> FeatureWindow:
+    """An online-store value as its FeatureWindow.
+
+    A value that starts with ``{`` is a JSON object written before the store
+    held protobuf; it is read into the same message, so readers keep working
+    through an upgrade until the next window of its field replaces it (the
+    encoder never starts a FeatureWindow with that byte: it would be a group
+    tag). Raises FailedPrecondition for a value that is neither."""
+    if value[:1] == b"{":
+        try:
+            document = json.loads(value)
+            if not isinstance(document, dict):
+                raise ValueError("not a JSON object")
+            return json_format.ParseDict(document, FeatureWindow(), ignore_unknown_fields=True)
+        except (ValueError, json_format.ParseError) as exc:
+            raise FailedPrecondition(f"not a feature window (JSON): {exc}") from exc
+    try:
+        return FeatureWindow.FromString(value)
+    except DecodeError as exc:
+        raise FailedPrecondition(f"not an aistack.v1.FeatureWindow: {exc}") from exc
+
+
+def window_stats(window: FeatureWindow) -> tuple[float, ...]:
+    """The window's ``FEATURE_STATS``, in that order."""
+    return tuple(float(getattr(window, stat)) for stat in FEATURE_STATS)

@@ -1,0 +1,182 @@
+"""The executor's side of a warm executor (see ``executor``): the process
+that imports its runner once, keeps the datasets it loaded and trains the
+jobs the worker sends, one at a time, answering with ``executor_events``."""
+
+from __future__ import annotations
+
+import gc
+import os
+import resource
+import sys
+import time
+import traceback
+from collections import OrderedDict
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+from typing import Any
+
+from shared.log import configure_logging, get_logger
+from svc_trainer.executor_events import (
+    Epoch,
+    Failed,
+    Finished,
+    Idle,
+    Job,
+    NeedsFresh,
+    Ready,
+    Started,
+)
+from svc_trainer.lifetime import die_with_parent
+from svc_trainer.plan import DataLoaded, DataRequest, DataSplits, Runner, StopReason, TrialError
+
+log = get_logger("svc_trainer")
+
+
+class _PipeChannel:
+    def __init__(self, events: Connection, stop: Any, beats: Any) -> None:
+        self._events, self._stop, self._beats = events, stop, beats
+        self.started_with: dict[str, Any] = {}
+
+    def started(self, resumed_from_step: int, note: str = "") -> None:
+        self._beats.value += 1
+        self._events.send(Started(resumed_from_step, note, **self.started_with))
+
+    def epoch(self, step: int, metrics: Mapping[str, float]) -> None:
+        self._beats.value += 1
+        self._events.send(Epoch(step, dict(metrics)))
+
+    def stop_requested(self) -> StopReason:
+        self._beats.value += 1
+        return StopReason(self._stop.value)
+
+
+class _DataCache:
+    """The datasets this executor loaded, by ``data.cache_key``, newest last."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[tuple[str, ...], DataSplits] = OrderedDict()
+
+    def get(self, request: DataRequest) -> tuple[DataSplits, bool]:
+        from svc_trainer import data as datasets
+
+        key = datasets.cache_key(
+            request.dataset, request.options, seed=request.seed, features_path=request.features_path
+        )
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            return self._entries[key], True
+        loaded = datasets.load(
+            request.dataset, request.options, seed=request.seed, features_path=request.features_path
+        )
+        if self._size > 0:
+            self._entries[key] = loaded
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        return loaded, False
+
+
+def executor_main(
+    runner_path: str,
+    one_shot: bool,
+    threads: int,
+    cached_datasets: int,
+    pipe: Connection,
+    stop: Any,
+    beats: Any,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """The executor process (``Executor`` starts it): warm up, then one
+    ``Job`` at a time until ``None``, EOF, a one-shot's trial or a trial
+    that needs a fresh process."""
+    die_with_parent()
+    configure_logging("svc_trainer", log_level, log_format)
+    code = 0
+    try:
+        from svc_trainer import runners
+
+        began = time.monotonic()
+        runner = runners.load(runner_path)
+        if not one_shot:
+            runner.warm_up(threads)
+        pipe.send(Ready(os.getpid(), time.monotonic() - began))
+        cache = _DataCache(cached_datasets)
+        done = 0
+        while (job := pipe.recv()) is not None:
+            if not one_shot and runner.fresh_process(job.spec):
+                pipe.send(NeedsFresh())
+                break
+            _run_trial(runner, job, cache, pipe, stop, beats, trials_before=done)
+            done += 1
+            pipe.send(Idle(_rss_bytes(), retiring=one_shot))
+            if one_shot:
+                break
+    except EOFError:
+        pass  # the worker is gone
+    except BaseException:
+        log.error("executor.crashed", error=traceback.format_exc())
+        code = 1
+    finally:
+        pipe.close()
+        # Everything is said; skip the interpreter's teardown, where a
+        # framework's threads (gloo, TensorFlow) now and then abort the process.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _run_trial(
+    runner: Runner,
+    job: Job,
+    cache: _DataCache,
+    events: Connection,
+    stop: Any,
+    beats: Any,
+    *,
+    trials_before: int,
+) -> None:
+    spec = job.spec
+    log_ = get_logger("svc_trainer")
+    try:
+        splits, cached = cache.get(job.data)
+        from svc_trainer import evaluation
+
+        splits = evaluation.prepare(splits, spec.options)
+        events.send(
+            DataLoaded(
+                splits.name,
+                splits.version,
+                splits.source,
+                splits.offsets,
+                splits.feature,
+                train_examples=len(splits.y_train),
+            )
+        )
+        channel = _PipeChannel(events, stop, beats)
+        channel.started_with = {
+            "pid": os.getpid(),
+            "trials_before": trials_before,
+            "data_cached": cached,
+        }
+        result = evaluation.run(runner, spec, splits, channel)
+        events.send(Finished(result))
+    except TrialError as exc:
+        events.send(Failed(exc.reason, str(exc), retryable=False))
+    except Exception as exc:  # the machine's fault, not the trial's: may be retried
+        log_.error("trial.crashed", trial_id=spec.trial_id, error=traceback.format_exc())
+        events.send(Failed("training_error", f"{type(exc).__name__}: {exc}", retryable=True))
+    finally:
+        try:
+            runner.release()
+        finally:
+            gc.collect()
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory now (its peak where /proc is absent)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -1,0 +1,297 @@
+"""The ``features`` dataset: next-window forecasting on svc_transform's
+Parquet offline store (``shared.feature_store`` names its layout).
+
+An example is one window of a series (entity, path, unit) of the chosen
+metric and window kind: x the ``FEATURE_STATS`` of the ``lags`` windows
+before it, oldest first, y its mean. The split is chronological, so the seed
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from numpy.typing import NDArray
+
+from shared.feature_store import (
+    FEATURE_STATS,
+    PARTITION_COLUMNS,
+    PARTITIONS,
+    SERIES_COLUMNS,
+    online_field,
+)
+from svc_trainer.dataset_options import BAD_DATASET, VERSION_CHARS, int_option
+from svc_trainer.plan import TASK_REGRESSION, DataSplits, TrialError
+
+DEFAULT_LAGS = 3
+# Chronological cut points, in percent of the examples.
+TRAIN_PERCENT, VAL_END_PERCENT = 70, 85
+MIN_FEATURE_EXAMPLES = 10
+
+
+@dataclass(frozen=True)
+class _Windows:
+    """One metric's windows of one kind, one row per (series, start), sorted by both."""
+
+    series: NDArray[np.int64]
+    start_us: NDArray[np.int64]
+    slide_us: NDArray[np.int64]
+    stats: NDArray[np.float64]  # (rows, len(stat_names)); NaN and null already 0
+    mean: NDArray[np.float64]  # the target; NaN where the store has none
+    stat_names: tuple[str, ...]
+
+
+def feature_names(stat_names: Sequence[str], lags: int) -> list[str]:
+    """The columns of ``features`` x: oldest lag first, then each lag's statistics.
+
+    ``mean_lag3, stddev_lag3, …, p95_lag3, mean_lag2, …, p95_lag1`` for 3 lags
+    and every statistic present.
+    """
+    return [f"{stat}_lag{lag}" for lag in range(lags, 0, -1) for stat in stat_names]
+
+
+def load_features(options: Mapping[str, str], features_path: str) -> DataSplits:
+    """The dataset from the store at ``options["path"]``, else ``features_path``.
+
+    Raises TrialError(reason="bad_dataset") for a missing or unreadable store,
+    an ambiguous or unknown metric or window, bad options or too few examples."""
+    root_text = options.get("path") or features_path
+    if not root_text:
+        raise TrialError(
+            'dataset "features" needs options["path"] or the offline store path',
+            reason=BAD_DATASET,
+        )
+    root = Path(root_text)
+    if not root.is_dir():
+        raise TrialError(f"offline feature store {root} does not exist", reason=BAD_DATASET)
+    store = _open_store(root)
+    metric, window = _choose_partition(store, options, root)
+    lags = int_option(options, "lags", default=DEFAULT_LAGS, minimum=1)
+    selected = _partition_filter(metric, window)
+    windows = _latest_windows(store, selected, f"{root} ({metric} @ {window})")
+    x, y, target_start = _lagged_examples(windows, lags)
+    if len(y) < MIN_FEATURE_EXAMPLES:
+        raise TrialError(
+            f"{root} gives {len(y)} examples of {metric} @ {window} with {lags} lags "
+            f"(consecutive windows per entity); at least {MIN_FEATURE_EXAMPLES} are needed",
+            reason=BAD_DATASET,
+        )
+    train, val, test = chronological_split(target_start)
+    files = sorted(str(fragment.path) for fragment in store.get_fragments(filter=selected))
+    return DataSplits(
+        name="features",
+        version=_digest_files(root, files, f"{metric}|{window}|{lags}"),
+        task=TASK_REGRESSION,
+        x_train=x[train],
+        y_train=y[train],
+        x_val=x[val],
+        y_val=y[val],
+        x_test=x[test],
+        y_test=y[test],
+        source=str(root),
+        # Trained on every path's series: by default it reads the path-less field.
+        feature=online_field(metric, window) if lags == 1 else "",
+    )
+
+
+def _arrow() -> tuple[Any, Any]:
+    """(pyarrow, pyarrow.dataset), imported on first use: only ``features`` needs them."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    return pa, ds
+
+
+def _open_store(root: Path) -> Any:
+    pa, ds = _arrow()
+    partitioning = ds.partitioning(
+        pa.schema([(name, pa.type_for_alias(kind)) for name, kind in PARTITIONS]), flavor="hive"
+    )
+    # Spark writes timestamps as INT96 by default; microseconds is their precision.
+    parquet = ds.ParquetFileFormat(read_options={"coerce_int96_timestamp_unit": "us"})
+    try:
+        return ds.dataset(str(root), format=parquet, partitioning=partitioning)
+    except (OSError, ValueError) as exc:
+        raise TrialError(
+            f"cannot read the Parquet store {root}: {exc}", reason=BAD_DATASET
+        ) from exc
+
+
+def _choose_partition(store: Any, options: Mapping[str, str], root: Path) -> tuple[str, str]:
+    """(metric, window kind) from the options, or the only one the store holds."""
+    _, ds = _arrow()
+    present: set[tuple[str, str]] = set()
+    for fragment in store.get_fragments():
+        keys = ds.get_partition_keys(fragment.partition_expression)
+        if keys.get("metric") is not None and keys.get("window") is not None:
+            present.add((str(keys["metric"]), str(keys["window"])))
+    if not present:
+        raise TrialError(
+            f"{root} holds no Parquet files under {_LAYOUT} partitions",
+            reason=BAD_DATASET,
+        )
+    metric = _pick("metric", options.get("metric", ""), {m for m, _ in present}, root)
+    windows = {w for m, w in present if m == metric}
+    window = _pick(f"window (of {metric})", options.get("window", ""), windows, root)
+    return metric, window
+
+
+_LAYOUT = "/".join(f"{name}=" for name in PARTITION_COLUMNS)
+
+
+def _pick(what: str, wanted: str, available: set[str], root: Path) -> str:
+    known = ", ".join(sorted(available))
+    if wanted:
+        if wanted not in available:
+            raise TrialError(
+                f"{root} has no {what} {wanted!r}; it has: {known}", reason=BAD_DATASET
+            )
+        return wanted
+    if len(available) > 1:
+        option = what.split()[0]
+        raise TrialError(
+            f'{root} holds several: set options["{option}"] to one of: {known}', reason=BAD_DATASET
+        )
+    return next(iter(available))
+
+
+def _partition_filter(metric: str, window: str) -> Any:
+    _, ds = _arrow()
+    return (ds.field("metric") == metric) & (ds.field("window") == window)
+
+
+def _latest_windows(store: Any, selected: Any, where: str) -> _Windows:
+    """The selected windows; of a window a replayed batch wrote again, the latest batch's."""
+    names = set(store.schema.names)
+    for required in ("window_start", "window_slide", "mean"):
+        if required not in names:
+            raise TrialError(f"{where}: no {required!r} column", reason=BAD_DATASET)
+    stat_names = tuple(stat for stat in FEATURE_STATS if stat in names)
+    series_columns = [c for c in SERIES_COLUMNS if c in names]
+    columns = [*series_columns, "window_start", "window_slide", "batch", *stat_names]
+    table = store.to_table(columns=columns, filter=selected)
+    series = _series_codes(table, series_columns)
+    start = _micros(table["window_start"])
+    batch = _int64(table["batch"])
+    order = np.lexsort((batch, start, series))
+    series, start, batch = series[order], start[order], batch[order]
+    # Sorted by batch within a window: the last row of each window is the latest batch's.
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = (series[1:] != series[:-1]) | (start[1:] != start[:-1])
+    kept = order[last]
+    stats = np.column_stack([_float64(table[stat]) for stat in stat_names])[kept]
+    return _Windows(
+        series=series[last],
+        start_us=start[last],
+        slide_us=_int64(table["window_slide"])[kept] * 1_000_000,
+        stats=np.where(np.isfinite(stats), stats, 0.0),
+        mean=_float64(table["mean"])[kept],
+        stat_names=stat_names,
+    )
+
+
+def _lagged_examples(
+    windows: _Windows, lags: int
+) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.int64]]:
+    """(x, y, target window start µs), one example per window whose ``lags``
+    predecessors in its series are all present and consecutive (each starts
+    one slide after the one before): x their statistics in ``feature_names``
+    order, y the window's mean. Windows with no finite mean are no target."""
+    n, width = len(windows.start_us), lags * len(windows.stat_names)
+    if n <= lags:
+        empty = np.empty((0, width), dtype=np.float32)
+        return empty, np.empty(0, dtype=np.float32), np.empty(0, dtype=np.int64)
+    # follows[j]: window j + 1 comes right after window j in the same series.
+    follows = (windows.series[1:] == windows.series[:-1]) & (
+        windows.start_us[1:] - windows.start_us[:-1] == windows.slide_us[1:]
+    )
+    targets = np.arange(lags, n)
+    usable = sliding_window_view(follows, lags).all(axis=1)
+    usable &= np.isfinite(windows.mean[targets])
+    history = sliding_window_view(windows.stats, (lags, len(windows.stat_names)))[:, 0]
+    x = history[: n - lags][usable].reshape(-1, width)
+    chosen = targets[usable]
+    return (
+        x.astype(np.float32),
+        windows.mean[chosen].astype(np.float32),
+        windows.start_us[chosen],
+    )
+
+
+def chronological_split(
+    target_start: NDArray[np.int64],
+) -> tuple[NDArray[np.intp], NDArray[np.intp], NDArray[np.intp]]:
+    """Example indices (train, validation, test) by target window start: the
+    first 70 % train, the next 15 % validation, the rest test.
+
+    Every validation target starts after every training one and before every
+    test one: a cut that would fall among examples of one start moves before
+    them. Raises TrialError when a split would be empty.
+    """
+    order = np.argsort(target_start, kind="stable")
+    times = target_start[order]
+    n = len(times)
+    cuts = [
+        _cut_before_ties(times, n * percent // 100) for percent in (TRAIN_PERCENT, VAL_END_PERCENT)
+    ]
+    bounds = [0, *cuts, n]
+    parts = tuple(order[lo:hi] for lo, hi in itertools.pairwise(bounds))
+    if any(not len(part) for part in parts):
+        raise TrialError(
+            f"{n} examples over {len(np.unique(times))} distinct target windows cannot be "
+            "split 70/15/15 in time with every split non-empty",
+            reason=BAD_DATASET,
+        )
+    return parts[0], parts[1], parts[2]
+
+
+def _cut_before_ties(times: NDArray[np.int64], cut: int) -> int:
+    if cut >= len(times):
+        return len(times)
+    return int(np.searchsorted(times, times[cut], side="left"))
+
+
+def _series_codes(table: Any, columns: Sequence[str]) -> NDArray[np.int64]:
+    """One integer per distinct (entity, path, unit), ordered as the values sort."""
+    if not columns:
+        return np.zeros(table.num_rows, dtype=np.int64)
+    codes = []
+    for column in columns:
+        values = table[column].fill_null("").to_numpy(zero_copy_only=False).astype(str)
+        codes.append(np.unique(values, return_inverse=True)[1].reshape(-1))
+    combined = np.unique(np.column_stack(codes), axis=0, return_inverse=True)[1]
+    return np.asarray(combined, dtype=np.int64).reshape(-1)
+
+
+def _micros(column: Any) -> NDArray[np.int64]:
+    pa, _ = _arrow()
+    unit_us = pa.timestamp("us", tz=column.type.tz)
+    return _int64(column.cast(unit_us).cast(pa.int64()))
+
+
+def _int64(column: Any) -> NDArray[np.int64]:
+    return np.asarray(column.fill_null(0).to_numpy(), dtype=np.int64)
+
+
+def _float64(column: Any) -> NDArray[np.float64]:
+    pa, _ = _arrow()
+    # Nulls become NaN, which the caller treats as missing.
+    return np.asarray(column.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def _digest_files(root: Path, files: Sequence[str], selection: str) -> str:
+    """Changes when a selected file is added, removed, resized or rewritten, or
+    the selection (metric, window, lags) changes."""
+    digest = hashlib.sha256(selection.encode())
+    for name in files:
+        stat = Path(name).stat()
+        relative = Path(name).relative_to(root) if Path(name).is_relative_to(root) else name
+        digest.update(f"\n{relative}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:VERSION_CHARS]

@@ -1,0 +1,49 @@
+"""Which PyTorch strategy a trial asked for, and the checks made before any
+training starts."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from svc_trainer import torch_models
+from svc_trainer.plan import (
+    TASK_CLASSIFICATION,
+    DataSplits,
+    RunSpec,
+    TrialError,
+    classification_metrics,
+    regression_metrics,
+)
+
+STRATEGIES = ("single", "ddp", "model_parallel")
+_ALIASES = {"": "single", "one_device": "single"}
+
+
+def strategy_of(spec: RunSpec) -> str:
+    name = _ALIASES.get(spec.strategy, spec.strategy)
+    if name not in STRATEGIES:
+        raise TrialError(
+            f"unknown PyTorch strategy {spec.strategy!r}; known: {', '.join(STRATEGIES)}",
+            reason="unknown_strategy",
+        )
+    return name
+
+
+def metric_names(task: str) -> tuple[str, ...]:
+    if task == TASK_CLASSIFICATION:
+        return (*classification_metrics(0, 0, 0), "samples_per_s")
+    return (*regression_metrics(0, 0, 0), "samples_per_s")
+
+
+def check(spec: RunSpec, data: DataSplits) -> nn.Sequential:
+    """Everything about the trial that can be wrong before training starts;
+    returns the (untrained) model."""
+    strategy_of(spec)
+    model = torch_models.build(spec.model_family, spec.hparams, data)
+    if spec.objective_metric not in metric_names(data.task):
+        raise TrialError(
+            f"objective metric {spec.objective_metric!r} is not reported for {data.task}; "
+            f"reported: {', '.join(metric_names(data.task))}",
+            reason="unknown_metric",
+        )
+    return model

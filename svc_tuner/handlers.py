@@ -1,0 +1,55 @@
+"""Trial reports in, the engine's decisions out: the tuner's handler for
+``aistack.tuning.reports``, run by ``shared.bus.loop.ConsumeLoop``.
+
+Thin: what a report means is the engine's; this module tells it each report
+of a batch, asks for the trials that the finished ones made room for, and
+hands the outcome to ``publish`` (which flushes it and marks it published).
+A report for a trial the engine does not know is dead-lettered
+(``unknown_trial``): no redelivery can make it known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from shared.bus.loop import Batch, RecordRefused
+from shared.contracts.aistack.v1 import tuning_pb2
+from shared.errors import NotFound
+from svc_tuner.dispatch import PartitionSlots
+from svc_tuner.engine import Engine, Outcome
+
+UNKNOWN_TRIAL = "unknown_trial"
+_FINAL = ("completed", "pruned", "failed")
+
+
+class ReportHandler:
+    """Not thread-safe: call it in the engine's thread."""
+
+    def __init__(
+        self, engine: Engine, slots: PartitionSlots, publish: Callable[[Outcome], None]
+    ) -> None:
+        self._engine = engine
+        self._slots = slots
+        self._publish = publish
+
+    def __call__(self, batch: Batch[tuning_pb2.TrialReport]) -> None:
+        touched: set[str] = set()
+        outcome = Outcome()
+        for report, record in batch:
+            try:
+                applied = self._engine.apply(report)
+            except NotFound as error:
+                batch.refuse(record, RecordRefused(error.message, reason=UNKNOWN_TRIAL))
+                continue
+            outcome.extend(applied)
+            # A trial pruned now ends on its trainer within an epoch.
+            ended = {control.trial_id for control in applied.controls}
+            if report.WhichOneof("event") in _FINAL:
+                ended.add(report.trial_id)
+            for trial_id in ended:
+                self._slots.ended(trial_id)
+            touched.add(report.study_id)
+        for study_id in touched:
+            # A finished trial frees a slot.
+            outcome.extend(self._engine.ask(study_id))
+        self._publish(outcome)

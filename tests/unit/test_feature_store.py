@@ -1,0 +1,122 @@
+"""The feature store's contract: names, the online value and the offline layout."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime
+
+import pytest
+
+from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
+from shared.errors import FailedPrecondition
+from shared.feature_store import (
+    DIMENSIONS,
+    FEATURE_STATS,
+    OFFLINE_COLUMNS,
+    PARTITION_COLUMNS,
+    SERIES_COLUMNS,
+    decode_window,
+    encode_window,
+    online_field,
+    online_key,
+    partition_path,
+    window_stats,
+)
+
+END = datetime(2026, 11, 22, 10, 1, tzinfo=UTC)
+
+
+def a_window() -> FeatureWindow:
+    window = FeatureWindow(
+        window_key="0f3a",
+        entity_id="web-1",
+        metric="http.latency_ms",
+        unit="ms",
+        count=12,
+        mean=21.5,
+        min=20.0,
+        max=23.0,
+        stddev=0.5,
+        last=22.0,
+        p50=21.4,
+        p95=22.8,
+        error_rate=0.25,
+    )
+    window.dimensions["path"] = "/api/orders"
+    window.window_end.FromDatetime(END)
+    window.window_size.FromSeconds(60)
+    return window
+
+
+def test_a_window_round_trips_through_its_stored_bytes() -> None:
+    window = a_window()
+    stored = encode_window(window)
+    assert decode_window(stored) == window
+    # The same bytes as the window's record on the features topic.
+    assert FeatureWindow.FromString(stored) == window
+
+
+def test_field_names_carry_the_path_only_when_there_is_one() -> None:
+    assert online_field("temperature", "tumbling-60s") == "temperature@tumbling-60s"
+    assert online_field("temperature", "tumbling-60s", "") == "temperature@tumbling-60s"
+    assert (
+        online_field("http.latency_ms", "sliding-300s-every-60s", "/api/orders")
+        == "http.latency_ms|path=/api/orders@sliding-300s-every-60s"
+    )
+    assert online_key("aistack:features:", "sensor-7") == "aistack:features:sensor-7"
+
+
+def test_statistics_come_out_in_feature_order() -> None:
+    assert FEATURE_STATS == ("mean", "stddev", "min", "max", "count", "p50", "p95")
+    assert window_stats(a_window()) == (21.5, 0.5, 20.0, 23.0, 12.0, 21.4, 22.8)
+    # Every statistic is a FeatureWindow field, so the online value holds it.
+    assert set(FEATURE_STATS) <= set(FeatureWindow.DESCRIPTOR.fields_by_name)
+
+
+def test_a_json_window_from_before_the_protobuf_store_is_still_read() -> None:
+    legacy = {
+        "window_key": "0f3a",
+        "window_start": "2026-11-22T10:00:00+00:00",
+        "window_end": END.isoformat(),
+        "unit": "degC",
+        "count": 12,
+        "mean": 21.5,
+        "min": 20.0,
+        "max": 23.0,
+        "stddev": 0.5,
+        "last": 22.0,
+        "p50": 21.4,
+        "p95": 22.8,
+        "error_rate": None,
+    }
+    window = decode_window(json.dumps(legacy).encode())
+    assert window_stats(window) == (21.5, 0.5, 20.0, 23.0, 12.0, 21.4, 22.8)
+    assert window.window_end.ToDatetime(tzinfo=UTC) == END
+    assert (window.window_key, window.unit, window.error_rate) == ("0f3a", "degC", 0.0)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (b"\x00 not a window", "not an aistack.v1.FeatureWindow"),
+        (b"{not json", "not a feature window (JSON)"),
+        (b'{"count": "many"}', "not a feature window (JSON)"),
+    ],
+)
+def test_a_value_that_is_no_window_is_a_failed_precondition(value: bytes, message: str) -> None:
+    with pytest.raises(FailedPrecondition, match=re.escape(message)):
+        decode_window(value)
+
+
+def test_the_offline_layout() -> None:
+    assert PARTITION_COLUMNS == ("date", "metric", "window", "batch")
+    path = partition_path(date="2026-11-22", metric="temperature", window="tumbling-60s", batch=3)
+    assert path == "date=2026-11-22/metric=temperature/window=tumbling-60s/batch=3"
+    # A partition is no file column; a series is a window's dimensions but its metric.
+    assert not set(PARTITION_COLUMNS) & set(OFFLINE_COLUMNS)
+    assert SERIES_COLUMNS == ("entity_id", "path", "unit")
+    assert set(DIMENSIONS) - set(SERIES_COLUMNS) == {"metric"}
+    # Every column but the path (a FeatureWindow dimension) is a FeatureWindow field.
+    fields = set(FeatureWindow.DESCRIPTOR.fields_by_name)
+    assert set(OFFLINE_COLUMNS) - fields == {"path"}

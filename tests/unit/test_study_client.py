@@ -1,0 +1,54 @@
+"""``aistack study`` finds svc_tuner through its flags, else StudyClientSettings."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from compose.settings import StudyClientSettings
+from compose.study import TunerConnection, tuner_connection
+from shared.settings import load_settings
+
+
+def flags(tuner: str | None = None, ca: str | None = None) -> argparse.Namespace:
+    return argparse.Namespace(tuner=tuner, ca=ca)
+
+
+@pytest.fixture(autouse=True)
+def no_tuner_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AISTACK_TUNER_TARGET", "AISTACK_TUNER_TLS_CA_FILE", "AISTACK_TUNER_AUTH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults_reach_the_local_tuner_in_the_clear() -> None:
+    settings = load_settings(StudyClientSettings)
+    assert tuner_connection(flags(), settings) == TunerConnection("localhost:50051", None, None)
+
+
+def test_the_environment_configures_the_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AISTACK_TUNER_TARGET", "tuner.internal:443")
+    monkeypatch.setenv("AISTACK_TUNER_TLS_CA_FILE", "/etc/aistack/ca.pem")
+    monkeypatch.setenv("AISTACK_TUNER_AUTH_TOKEN", "s3cret")
+    settings = load_settings(StudyClientSettings)
+    assert "s3cret" not in repr(settings)
+    assert tuner_connection(flags(), settings) == TunerConnection(
+        "tuner.internal:443", Path("/etc/aistack/ca.pem"), "s3cret"
+    )
+
+
+def test_flags_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AISTACK_TUNER_TARGET", "tuner.internal:443")
+    monkeypatch.setenv("AISTACK_TUNER_TLS_CA_FILE", "/etc/aistack/ca.pem")
+    settings = load_settings(StudyClientSettings)
+    connection = tuner_connection(flags("127.0.0.1:1", "/tmp/other-ca.pem"), settings)
+    assert connection == TunerConnection("127.0.0.1:1", Path("/tmp/other-ca.pem"), None)
+
+
+def test_empty_variables_are_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AISTACK_TUNER_TARGET", "")
+    monkeypatch.setenv("AISTACK_TUNER_TLS_CA_FILE", "")
+    monkeypatch.setenv("AISTACK_TUNER_AUTH_TOKEN", "")
+    settings = load_settings(StudyClientSettings)
+    assert tuner_connection(flags(), settings) == TunerConnection("localhost:50051", None, None)

@@ -1,0 +1,71 @@
+"""svc_transform's own build (svc_transform/jars.py) and the environment its
+Spark session needs, without building or starting anything."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from svc_transform import jars, spark
+
+
+def test_the_functions_jar_is_named_after_its_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sources = tmp_path / "jvm"
+    (sources / "dev").mkdir(parents=True)
+    (sources / "dev" / "A.java").write_text("class A {}")
+    (sources / "pom.xml").write_text("<project/>")
+    descriptors = tmp_path / "aistack_v1.binpb"
+    descriptors.write_bytes(b"\x0a\x00")
+    monkeypatch.setattr(jars, "JVM_SOURCES", sources)
+    monkeypatch.setattr(jars, "DESCRIPTOR_SET", descriptors)
+    first = jars.functions_digest()
+    (sources / "pom.xml").write_text("<project><!-- connectors only --></project>")
+    assert jars.functions_digest() == first  # the pom is not compiled in
+    (sources / "dev" / "A.java").write_text("class A { int x; }")
+    assert jars.functions_digest() != first
+    changed = jars.functions_digest()
+    descriptors.write_bytes(b"\x0a\x01")
+    assert jars.functions_digest() != changed
+
+
+def test_the_build_leaves_the_functions_out_without_pyspark(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    connector = tmp_path / "libs" / "spark-sql-kafka-0-10_2.13-4.0.0.jar"
+    monkeypatch.setattr(jars, "ensure_connector_jars", lambda cache: [connector])
+    monkeypatch.setattr(jars, "pyspark_installed", lambda: False)
+
+    def compile_functions(cache: Path) -> Path:
+        raise AssertionError("compiled without pyspark")
+
+    monkeypatch.setattr(jars, "ensure_functions_jar", compile_functions)
+    built = jars.build(tmp_path)
+    assert built == jars.Built([connector], None)
+    assert built.describe() == [
+        f"spark {jars.SPARK_VERSION} connectors: 1 jars in {tmp_path / 'libs'}",
+        "svc_transform functions: not built (pyspark is not installed)",
+    ]
+
+
+def test_the_pom_and_sources_live_with_the_service() -> None:
+    service = Path(jars.__file__).parent
+    assert jars.POM.is_file() and jars.POM.is_relative_to(service)
+    assert any(jars.JVM_SOURCES.rglob("*.java"))
+
+
+def test_a_local_master_gets_its_environment_without_overriding_the_users(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python/bin/python3")
+    spark.export_local_spark_environment()
+    assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
+    assert os.environ["PYSPARK_PYTHON"] == "/opt/python/bin/python3"
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    spark.export_local_spark_environment()
+    assert os.environ["PYSPARK_PYTHON"] == sys.executable
