@@ -53,7 +53,7 @@ class ModelServer:
         features = OnlineFeatures(make_async_redis(settings.redis), settings.online_key_prefix)
         core = InferenceCore(settings, Loader(settings, metrics), loading_pool, metrics, features)
         producer = BusProducer(settings.kafka, source=SERVICE)
-        follower = RegistryFollower(settings, core, producer)
+        follower = RegistryFollower(settings, core, producer, metrics.dead_letters)
         await follower.start()
         server = await start_server(settings.server_options(), register(core), [SERVICE_NAME])
         log.info("model_server.started", port=server.port, models=core.repository.names())

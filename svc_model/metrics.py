@@ -28,6 +28,7 @@ class ModelMetrics:
     serving_version: Gauge
     loads: Counter
     load_failures: Counter
+    dead_letters: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> ModelMetrics:
@@ -67,5 +68,8 @@ class ModelMetrics:
                 "load_failures",
                 "Model-ready events refused (bad checksum, unloadable, ...)",
                 ("model", "reason"),
+            ),
+            dead_letters=counter(
+                "dead_letters", "Records of the models topic dead-lettered", ("reason",)
             ),
         )

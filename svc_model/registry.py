@@ -20,7 +20,14 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from shared.bus.consumer import BusTail, Record
-from shared.bus.loop import BatchHandler, ConsumeLoop, DeadLetters, Publisher, each
+from shared.bus.loop import (
+    BatchHandler,
+    ConsumeLoop,
+    DeadLetters,
+    LabelledCounter,
+    Publisher,
+    each,
+)
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import Unavailable
 from shared.log import get_logger
@@ -36,10 +43,19 @@ T = TypeVar("T")
 
 
 class RegistryFollower:
-    def __init__(self, settings: ModelSettings, core: InferenceCore, producer: Publisher) -> None:
+    def __init__(
+        self,
+        settings: ModelSettings,
+        core: InferenceCore,
+        producer: Publisher,
+        dead_letters: LabelledCounter | None = None,
+    ) -> None:
+        """``dead_letters`` counts the records dead-lettered, by reason."""
         self._settings = settings
         self._producer = producer
-        self._dead_letters = DeadLetters(producer, topic=settings.dlq_topic, service=SERVICE)
+        self._dead_letters = DeadLetters(
+            producer, topic=settings.dlq_topic, service=SERVICE, counter=dead_letters
+        )
         self._handler = ModelReadyHandler(core, self._dead_letters)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -264,6 +264,7 @@ __all__ = [
     "Committing",
     "ConsumeLoop",
     "DeadLetters",
+    "LabelledCounter",
     "Publisher",
     "Received",
     "RecordHandler",

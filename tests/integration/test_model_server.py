@@ -240,6 +240,8 @@ def test_a_tampered_artifact_is_refused_and_the_old_version_keeps_serving(
         letters += [r.decode() for r in consumer.poll_batch(10, timeout=0.5)]
     consumer.close()
     assert sorted(letter.reason for letter in letters) == ["checksum_mismatch", "unloadable"]
+    for reason in ("checksum_mismatch", "unloadable"):
+        assert server.metric("aistack_model_dead_letters_total", reason=reason) == 1
     for letter in letters:
         assert letter.service == "svc_model"
         assert letter.source.topic == topics.models_topic
