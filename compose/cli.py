@@ -121,6 +121,32 @@ def _produce(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _score(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from svc_score import app
+    from svc_score.settings import ScoreSettings
+
+    columns = tuple(c.strip() for c in args.columns.split(",") if c.strip()) if args.columns else ()
+    try:
+        scored = app.run(
+            load_settings(ScoreSettings),
+            args.model,
+            input_path=args.input,
+            output=Path(args.output),
+            columns=columns,
+        )
+    except AistackError as exc:
+        print(f"aistack score: {exc}", file=sys.stderr)
+        return 1
+    lineage = scored.lineage
+    print(
+        f"scored {scored.rows} rows with {lineage['model']} version {lineage['version']} "
+        f"into {scored.output}"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="aistack", description="aistack: the event-driven ML platform"
@@ -159,6 +185,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     produce.add_argument("--seed", help="random seed (default: random, printed at the end)")
     produce.add_argument("--topic", help="target topic (default: aistack.events.raw)")
     produce.set_defaults(run=_produce)
+    score = commands.add_parser(
+        "score", help="score a Parquet file with a model's version in a Spark job"
+    )
+    score.add_argument("model", metavar="MODEL[@VERSION]", help="default version: the champion")
+    score.add_argument("--input", required=True, help="Parquet file or directory to score")
+    score.add_argument("--output", required=True, help="a new directory for the predictions")
+    score.add_argument(
+        "--columns",
+        help="input columns, comma-separated, in the model's input order "
+        "(default: the offline store's feature stats, for a model of that width)",
+    )
+    score.set_defaults(run=_score)
     study.add_parser(commands)
     predict.add_parser(commands)
     demo.add_parser(commands)

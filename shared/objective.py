@@ -13,7 +13,8 @@ of a study and the model server's champion version of a model.
   which results arrive, and the champion is the study's best trial's model.
 
 The tuner marks a refit in its trial request's ``task.options`` (``REFIT``);
-trainers copy that into the model's labels, where the model server reads it.
+trainers copy that into the model's labels, where the model server and batch
+scoring read it (``model_standing``, ``champion``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from shared.contracts.aistack.v1 import common_pb2
+from shared.contracts.aistack.v1 import common_pb2, models_pb2
+from shared.errors import InvalidArgument
 
 #: The task option (trial request) and model label that mark a refit.
 REFIT = "refit"
@@ -79,3 +81,31 @@ def best(items: Iterable[T], standing: Callable[[T], Standing]) -> T | None:
     """The best item with a judged value; None when none has one."""
     winner = top(items, standing)
     return winner if winner is not None and standing(winner).judged else None
+
+
+def version_number(version: str) -> int:
+    """A model version as Triton has them: a decimal integer >= 1.
+    Raises InvalidArgument."""
+    if not version.isdigit() or int(version) < 1:
+        raise InvalidArgument(f"model version must be a positive integer, got {version!r}")
+    return int(version)
+
+
+def model_standing(event: models_pb2.ModelReady) -> Standing:
+    """How a model version stands on its own objective (a refit, or a version
+    without the metric, is not judged by it)."""
+    metric = event.objective.metric
+    value = event.metrics[metric] if metric and metric in event.metrics else None
+    return Standing.of(
+        value,
+        event.objective.direction,
+        version_number(event.version),
+        refit=is_refit(event.labels),
+    )
+
+
+def champion(events: Iterable[models_pb2.ModelReady]) -> models_pb2.ModelReady | None:
+    """The version of one model that beats every other on the rule above
+    (None for no events): what the model server serves under its champion
+    policy, and what batch scoring scores when no version is named."""
+    return top(sorted(events, key=lambda e: version_number(e.version)), model_standing)

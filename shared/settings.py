@@ -8,6 +8,7 @@ one line naming the variable (``load_settings``).
 from __future__ import annotations
 
 import os
+import re
 import ssl
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -204,6 +205,54 @@ class RedisSettings(BaseSettings):
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"expected a redis://, rediss:// or unix:// URL, got {value!r}")
         return value
+
+
+# local, local[4], local[*], local[4,2] (retries), spark://h:p[,h:p], k8s://…, yarn.
+_MASTER = re.compile(
+    r"^(local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?"
+    r"|spark://[^/\s]+:[0-9]+(,[^/\s]+:[0-9]+)*"
+    r"|k8s://\S+"
+    r"|yarn)$"
+)
+
+
+class SparkSettings(BaseSettings):
+    """Where Spark runs and how it is sized; read by every Spark job
+    (svc_transform's stream, svc_score's batch)."""
+
+    model_config = SettingsConfigDict(env_prefix="AISTACK_SPARK_", frozen=True, extra="ignore")
+
+    master: str = "local[*]"
+    # 0: the cores of local[N], else this machine's cores (set it for a
+    # cluster); Spark's default of 200 makes a 2-core micro-batch take 13 s.
+    shuffle_partitions: int = Field(default=0, ge=0, le=100_000)
+    driver_memory: str = Field(default="1g", pattern=r"^[1-9][0-9]*[kmgt]$")
+    # Extra Spark settings as JSON {"spark.executor.memory": "4g"}, passed as
+    # spark-submit's --conf would.
+    conf: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("master")
+    @classmethod
+    def _check_master(cls, value: str) -> str:
+        if not _MASTER.match(value):
+            raise ValueError(
+                "expected local[*], local[N], spark://host:port, k8s://https://host:port or yarn"
+            )
+        return value
+
+    def is_local(self) -> bool:
+        return self.master.startswith("local")
+
+    def partitions(self) -> int:
+        """``spark.sql.shuffle.partitions`` for this master."""
+        if self.shuffle_partitions:
+            return self.shuffle_partitions
+        match = re.match(r"^local\[([0-9]+)", self.master)
+        if match:
+            return int(match.group(1))
+        if self.master == "local":
+            return 1
+        return os.cpu_count() or 2
 
 
 class ServiceSettings(BaseSettings):

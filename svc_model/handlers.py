@@ -14,8 +14,8 @@ from shared.bus.consumer import Record
 from shared.bus.loop import Batch, DeadLetters
 from shared.contracts.aistack.v1 import models_pb2
 from shared.log import get_logger
+from shared.model_loading import ArtifactRejected
 from svc_model.inference import InferenceCore
-from svc_model.runners import ArtifactRejected
 
 log = get_logger("svc_model")
 

@@ -20,13 +20,14 @@ from shared.contracts.aistack.v1 import models_pb2
 from shared.contracts.inference import grpc_predict_v2_pb2 as pb
 from shared.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from shared.log import get_logger
+from shared.model_loading import ArtifactRejected
+from shared.objective import version_number
 from shared.rpc.errors import status_for
 from svc_model import features as entity
 from svc_model.features import OnlineFeatures
 from svc_model.loading import Loaded, Loader
 from svc_model.metrics import ModelMetrics
-from svc_model.repository import IndexEntry, Repository, Served, version_number
-from svc_model.runners import ArtifactRejected
+from svc_model.repository import IndexEntry, Repository, Served
 from svc_model.settings import ModelSettings
 from svc_model.tensors import batch_rows, decode_inputs, encode_outputs
 

@@ -6,13 +6,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared import model_loading
 from shared.contracts.aistack.v1 import models_pb2
 from shared.log import get_logger
-from svc_model import runners
+from shared.model_loading import Runner
+from shared.objective import version_number
 from svc_model.batching import Batcher
 from svc_model.metrics import ModelMetrics
-from svc_model.repository import Served, version_number
-from svc_model.runners import Runner
+from svc_model.repository import Served
 from svc_model.settings import ModelSettings
 
 log = get_logger("svc_model")
@@ -34,8 +35,8 @@ class Loader:
         """Fetch, verify and load (blocking: call it from a thread).
         Raises ArtifactRejected, InvalidArgument (a bad version string)."""
         number = version_number(event.version)
-        directory = runners.fetch(event, self._cache)
-        runner = runners.load(event, directory, self._settings.intra_op_threads)
+        directory = model_loading.fetch(event, self._cache)
+        runner = model_loading.load(event, directory, self._settings.intra_op_threads)
         settings = self._settings
         merge = settings.batching and runner.batched
         name = event.model_name
@@ -56,7 +57,7 @@ class Loader:
             max_workers=settings.instances, thread_name_prefix=f"infer-{name}-{number}"
         )
         try:
-            executor.submit(runners.smoke_test, runner).result()
+            executor.submit(model_loading.smoke_test, runner).result()
         except BaseException:
             executor.shutdown(wait=False)
             raise

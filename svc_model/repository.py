@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.contracts.aistack.v1 import models_pb2
-from shared.errors import InvalidArgument, NotFound
-from shared.objective import Standing, is_refit
+from shared.errors import NotFound
+from shared.objective import champion, model_standing, version_number
 from svc_model.settings import Policy
 
 READY = "READY"
@@ -56,45 +56,22 @@ class _Model:
     unloaded: bool = False
 
 
-def version_number(version: str) -> int:
-    """A version as Triton has them: a decimal integer >= 1."""
-    if not version.isdigit() or int(version) < 1:
-        raise InvalidArgument(f"model version must be a positive integer, got {version!r}")
-    return int(version)
-
-
-def standing(event: models_pb2.ModelReady) -> Standing:
-    """How a version stands on its own objective (``shared.objective``'s rule:
-    a refit, or a version without the metric, is not judged by it)."""
-    metric = event.objective.metric
-    value = event.metrics[metric] if metric and metric in event.metrics else None
-    return Standing.of(
-        value,
-        event.objective.direction,
-        version_number(event.version),
-        refit=is_refit(event.labels),
-    )
-
-
 def better(new: models_pb2.ModelReady, current: models_pb2.ModelReady, policy: Policy) -> bool:
     """Whether ``new`` should replace ``current`` as the serving version."""
     if policy == "latest":
         return version_number(new.version) > version_number(current.version)
-    return standing(new).beats(standing(current))
+    return model_standing(new).beats(model_standing(current))
 
 
 def wanted(events: Iterable[models_pb2.ModelReady], policy: Policy, keep: int) -> list[int]:
     """Which versions of one model to load, from all its events: the champion
     the rule picks over them, and the ``keep`` newest."""
     ordered = sorted(events, key=lambda e: version_number(e.version))
-    if not ordered:
+    best = ordered[-1] if policy == "latest" and ordered else champion(ordered)
+    if best is None:
         return []
-    champion = ordered[0]
-    for event in ordered[1:]:
-        if better(event, champion, policy):
-            champion = event
     newest = [version_number(e.version) for e in ordered[-keep:]]
-    return sorted({version_number(champion.version), *newest})
+    return sorted({version_number(best.version), *newest})
 
 
 class Repository:

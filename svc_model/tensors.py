@@ -21,20 +21,12 @@ from numpy.typing import NDArray
 
 from shared.contracts.inference import grpc_predict_v2_pb2 as pb
 from shared.errors import AistackError, InvalidArgument
+from shared.model_loading import TensorSig
 
 RequestedOutput = pb.ModelInferRequest.InferRequestedOutputTensor
 
 _LENGTH = struct.Struct("<I")
 _LENGTH_DELIMITED = 2  # the protobuf wire type of a packed repeated field
-
-
-@dataclass(frozen=True)
-class TensorSig:
-    """One model input or output in Open Inference Protocol terms."""
-
-    name: str
-    datatype: str  # "FP32", "INT64", "BYTES", ...
-    shape: tuple[int, ...]  # -1 = any size; batch dim first when batched
 
 
 class SignatureMismatch(AistackError):

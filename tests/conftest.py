@@ -33,8 +33,7 @@ def unique() -> str:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One real local Spark (2 cores) for every Spark test: start-up costs seconds."""
-    from shared.settings import CommonSettings
-    from svc_transform.settings import SparkSettings
+    from shared.settings import CommonSettings, SparkSettings
     from svc_transform.spark import session
 
     started = session(

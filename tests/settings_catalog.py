@@ -36,7 +36,7 @@ EXPECTED = frozenset(
         "compose.settings.InfraSettings",
         "compose.settings.StackSettings",
         "svc_ingest.settings.IngestSettings",
-        "svc_transform.settings.SparkSettings",
+        "shared.settings.SparkSettings",
         "svc_transform.settings.TransformSettings",
         "svc_tuner.settings.TunerSettings",
         "svc_trainer.settings.TrainerSettings",

@@ -43,4 +43,5 @@ def test_a_package_imports_only_shared_and_itself(package: str) -> None:
 
 
 def test_the_services_are_found() -> None:
-    assert {"svc_ingest", "svc_transform", "svc_tuner", "svc_trainer", "svc_model"} <= set(SERVICES)
+    expected = {"svc_ingest", "svc_transform", "svc_tuner", "svc_trainer", "svc_model", "svc_score"}
+    assert expected <= set(SERVICES)

@@ -11,9 +11,9 @@ from shared.bus.consumer import Record
 from shared.bus.loop import ConsumeLoop, DeadLetters, each
 from shared.bus.testing import MemoryPublisher, MemorySource, record
 from shared.contracts.aistack.v1 import models_pb2
+from shared.model_loading import ArtifactRejected
 from svc_model.handlers import ModelReadyHandler
 from svc_model.inference import InferenceCore
-from svc_model.runners import ArtifactRejected
 
 DLQ = "dlq"
 Ready = models_pb2.ModelReady

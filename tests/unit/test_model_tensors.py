@@ -13,10 +13,10 @@ from numpy.typing import NDArray
 
 from shared.contracts.inference import grpc_predict_v2_pb2 as pb
 from shared.errors import InvalidArgument
+from shared.model_loading import TensorSig
 from svc_model.tensors import (
     DATATYPES,
     SignatureMismatch,
-    TensorSig,
     batch_rows,
     datatype_of,
     decode_inputs,

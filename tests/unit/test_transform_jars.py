@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from svc_transform import jars, spark
+from shared import spark_session
+from svc_transform import jars
 
 
 def test_the_functions_jar_is_named_after_its_sources(
@@ -63,9 +64,9 @@ def test_a_local_master_gets_its_environment_without_overriding_the_users(
 ) -> None:
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
     monkeypatch.setenv("PYSPARK_PYTHON", "/opt/python/bin/python3")
-    spark.export_local_spark_environment()
+    spark_session.export_local_spark_environment()
     assert os.environ["SPARK_LOCAL_IP"] == "127.0.0.1"
     assert os.environ["PYSPARK_PYTHON"] == "/opt/python/bin/python3"
     monkeypatch.delenv("PYSPARK_PYTHON")
-    spark.export_local_spark_environment()
+    spark_session.export_local_spark_environment()
     assert os.environ["PYSPARK_PYTHON"] == sys.executable

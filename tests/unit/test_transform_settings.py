@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from shared.errors import ConfigError
-from shared.settings import KafkaSettings, load_settings
-from svc_transform.settings import SparkSettings, TransformSettings
+from shared.settings import KafkaSettings, SparkSettings, load_settings
+from svc_transform.settings import TransformSettings
 
 
 def test_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """From a model-ready event to something that computes: fetch, verify, load.
 
-The artifact is copied into the server's own cache and its sha256 is checked
+The model server and batch scoring (svc_score) both load models through this
+one module, so a model scores the same wherever it runs. The artifact is
+copied into the reader's own cache and its sha256 is checked
 on that copy, which is the one loaded: bytes changed in the store after the
 check are never run. Formats are the ones that hold no pickle — a
 ``torch.export`` program, TorchScript, a TensorFlow SavedModel.
@@ -21,16 +23,21 @@ from numpy.typing import NDArray
 from shared.artifacts import TORCH_EXPORT_FILE, digest, local_path
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import AistackError
-from shared.log import get_logger
-from svc_model.tensors import TensorSig
-
-log = get_logger("svc_model")
 
 #: What svc_trainer writes inside a torch.export artifact directory.
 TORCHSCRIPT_FILE = "model.pt"
 SERVING_SIGNATURE = "serving_default"
 
 Arrays = Mapping[str, NDArray[Any]]
+
+
+@dataclass(frozen=True)
+class TensorSig:
+    """One model input or output in Open Inference Protocol terms."""
+
+    name: str
+    datatype: str  # "FP32", "INT64", "BYTES", ...
+    shape: tuple[int, ...]  # -1 = any size; batch dim first when batched
 
 
 class ArtifactRejected(AistackError):
@@ -157,9 +164,9 @@ def smoke_test(runner: Runner) -> None:
     its own signature is refused now (ArtifactRejected), not on the first
     client's request. Call it on the thread that will serve the model."""
     example = {
-        sig.name: np.zeros([1 if d < 0 else d for d in sig.shape], _NUMPY[sig.datatype])
+        sig.name: np.zeros([1 if d < 0 else d for d in sig.shape], NUMPY_TYPES[sig.datatype])
         for sig in runner.inputs
-        if sig.datatype in _NUMPY
+        if sig.datatype in NUMPY_TYPES
     }
     if len(example) != len(runner.inputs):
         return
@@ -178,7 +185,8 @@ def smoke_test(runner: Runner) -> None:
         )
 
 
-_NUMPY: dict[str, Any] = {
+#: numpy's dtype for each numeric Open Inference Protocol datatype.
+NUMPY_TYPES: dict[str, Any] = {
     "BOOL": np.bool_,
     "UINT8": np.uint8,
     "INT8": np.int8,

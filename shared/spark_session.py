@@ -1,0 +1,83 @@
+"""A SparkSession as every aistack Spark job starts one: the master and
+sizing from ``SparkSettings``, the caller's jars, UTC session time.
+
+svc_transform adds its Kafka connector and JVM functions; svc_score needs no
+jars. The jars are local files (``spark.jars``), so a job starts without
+network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from shared.settings import SparkSettings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def session(
+    spark: SparkSettings,
+    app_name: str,
+    *,
+    work_dir: os.PathLike[str],
+    jars: Sequence[Path] = (),
+) -> SparkSession:
+    """Start (or join) the session: ``jars`` on its classpath, shuffle
+    partitions sized to the cores, UTC session time. The driver's JVM runs in
+    ``work_dir``."""
+    from pyspark.sql import SparkSession
+
+    if spark.is_local():
+        export_local_spark_environment()
+    builder = (
+        SparkSession.builder.master(spark.master)
+        .appName(app_name)
+        .config("spark.sql.shuffle.partitions", str(spark.partitions()))
+        .config("spark.driver.memory", spark.driver_memory)
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+    )
+    if jars:
+        builder = builder.config("spark.jars", ",".join(str(jar) for jar in jars))
+    for key, value in spark.conf.items():
+        builder = builder.config(key, value)
+    # py4j logs every connection at INFO, down to interpreter exit.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    # Spark 4.0.0 writes artifacts/ into its working directory (SPARK-52396,
+    # fixed in later releases): start the JVM in ours, not the caller's.
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    with contextlib.chdir(work_dir):
+        started = builder.getOrCreate()
+    started.sparkContext.setLogLevel("WARN")
+    return started
+
+
+#: What a local master's processes need from this process's environment.
+LOCAL_SPARK_ENVIRONMENT = {
+    # Without it Spark resolves the host name, which fails or picks a public
+    # interface on many laptops and CI machines.
+    "SPARK_LOCAL_IP": "127.0.0.1",
+    # Python workers from this interpreter (its venv), not the first python3
+    # on PATH; on a cluster the executors' own Python is set there.
+    "PYSPARK_PYTHON": sys.executable,
+}
+
+
+def export_local_spark_environment() -> None:
+    """Put ``LOCAL_SPARK_ENVIRONMENT`` into this process's environment where
+    the user has not set those variables.
+
+    The one place aistack writes the environment, and only for Spark: pyspark
+    reads ``PYSPARK_PYTHON`` from ``os.environ`` itself, and starts the driver's
+    JVM (which reads ``SPARK_LOCAL_IP``) with a copy of ``os.environ``; neither
+    takes them from the session's conf. No aistack code reads them.
+    """
+    for name, value in LOCAL_SPARK_ENVIRONMENT.items():
+        os.environ.setdefault(name, value)

@@ -1,0 +1,81 @@
+"""Wiring of ``aistack score``: the model's events from the models topic, a
+Spark session, the job."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from shared import spark_session
+from shared.bus.consumer import BusTail
+from shared.contracts.aistack.v1 import models_pb2
+from shared.errors import AistackError, Unavailable
+from shared.log import get_logger
+from shared.settings import KafkaSettings
+from svc_score import job
+from svc_score.plan import choose, parse_model
+from svc_score.settings import ScoreSettings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = get_logger("svc_score")
+
+
+def read_models(kafka: KafkaSettings, topic: str, timeout: float) -> list[models_pb2.ModelReady]:
+    """Every model-ready event the (compacted) topic holds now, in log order.
+    A record that is not a ModelReady is skipped, as the model server
+    dead-letters it. Raises Unavailable when the topic is not read in time."""
+    tail: BusTail[models_pb2.ModelReady] = BusTail(
+        kafka, topics=[topic], message_cls=models_pb2.ModelReady, from_beginning=True
+    )
+    events: list[models_pb2.ModelReady] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while not tail.caught_up():
+            if time.monotonic() > deadline:
+                raise Unavailable(f"the models topic {topic} was not read within {timeout} s")
+            for record in tail.poll_batch():
+                try:
+                    events.append(record.decode())
+                except AistackError as exc:
+                    log.warning(
+                        "score.skipped_record", topic=topic, offset=record.offset, error=str(exc)
+                    )
+    finally:
+        tail.close()
+    return events
+
+
+def run(
+    settings: ScoreSettings,
+    model: str,
+    *,
+    input_path: str,
+    output: Path,
+    columns: tuple[str, ...] = (),
+    spark: SparkSession | None = None,
+) -> job.Scored:
+    """Score ``input_path`` with ``model`` (``NAME`` or ``NAME@VERSION``) into
+    ``output``. Starts a Spark session from ``settings.spark`` unless one is
+    given. Raises AistackError subclasses, each one line (see ``job.score``)."""
+    name, version = parse_model(model)
+    events = read_models(settings.kafka, settings.models_topic, settings.replay_timeout_seconds)
+    event = choose(events, name, version)
+    own = spark is None
+    session = spark or spark_session.session(
+        settings.spark, "aistack-score", work_dir=settings.work_dir()
+    )
+    cache = settings.cache_dir()
+    try:
+        return job.score(
+            session, event, input_path=input_path, output=output, cache_dir=cache, columns=columns
+        )
+    finally:
+        if (session.sparkContext.master or "").startswith("local"):
+            # The local workers keep their models in memory; their copies can go.
+            shutil.rmtree(cache / job.EXECUTORS, ignore_errors=True)
+        if own:
+            session.stop()

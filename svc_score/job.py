@@ -1,0 +1,203 @@
+"""The Spark side of scoring: read the Parquet input, score it in vectorised
+batches on the executors, write predictions and their lineage.
+
+Each executor's Python worker fetches the artifact, checks its sha256 and
+loads it once (``shared.model_loading``, the model server's own loader),
+then reuses it for every batch of every task it runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+
+from shared import model_loading
+from shared.contracts.aistack.v1 import models_pb2
+from shared.errors import AistackError, InvalidArgument
+from shared.log import get_logger
+from svc_score.plan import Plan, plan
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = get_logger("svc_score")
+
+#: The file beside the output's Parquet files that says where they came from.
+LINEAGE_FILE = "_lineage.json"
+#: Under the cache directory: the executors' copies of artifacts.
+EXECUTORS = "executors"
+
+# This Python worker's loaded models, by (name, version, sha256): loaded on
+# the first batch a worker scores, reused by every later one.
+_RUNNERS: dict[tuple[str, str, str], model_loading.Runner] = {}
+
+
+@dataclass(frozen=True)
+class Scored:
+    output: Path
+    rows: int
+    lineage: dict[str, Any]
+
+
+def score(
+    spark: SparkSession,
+    event: models_pb2.ModelReady,
+    *,
+    input_path: str,
+    output: Path,
+    cache_dir: Path,
+    columns: tuple[str, ...] = (),
+) -> Scored:
+    """Score every row of the Parquet at ``input_path`` with ``event``'s
+    model into a new directory ``output``: Parquet files and ``LINEAGE_FILE``.
+
+    The output appears whole or not at all: Spark writes beside it, and the
+    directory is renamed into place once the job has succeeded. Raises
+    InvalidArgument (the output exists, the input is not Parquet), BadInput
+    (see ``plan``), ArtifactRejected (a tampered or unloadable artifact, on
+    the driver before any row is read)."""
+    if output.exists():
+        raise InvalidArgument(f"{output} exists; scoring writes a new directory")
+    # The driver verifies first: a tampered artifact stops here, before a task runs.
+    verified = model_loading.fetch(event, cache_dir / "driver")
+    staging = output.with_name(f".{output.name}.{uuid.uuid4().hex}.partial")
+    try:
+        try:
+            frame = spark.read.parquet(input_path)
+        except Exception as exc:  # AnalysisException: no such path, not Parquet
+            raise InvalidArgument(
+                f"{input_path}: cannot read it as Parquet: {_first_line(exc)}"
+            ) from exc
+        types = {field.name: field.dataType.simpleString() for field in frame.schema.fields}
+        chosen = plan(event, types, columns)
+        files = sorted(frame.inputFiles())
+        scored = frame.select(*chosen.keys, *chosen.columns).mapInPandas(
+            _scorer(chosen, event.SerializeToString(), str(cache_dir / EXECUTORS)),
+            chosen.output_schema(types),
+        )
+        try:
+            scored.write.parquet(str(staging))
+        except Exception as exc:  # a task failed: Spark wraps the worker's error
+            raise JobFailed(f"the Spark job failed: {_python_error(exc)}") from exc
+        rows = _rows(spark, staging)
+        lineage = {
+            "model": event.model_name,
+            "version": event.version,
+            "artifact_sha256": event.sha256,
+            "artifact_uri": event.artifact_uri,
+            "input": input_path,
+            "input_files": len(files),
+            "input_digest": input_digest(files),
+            "input_digest_of": "sha256 over each input file's path, size and mtime",
+            "columns": list(chosen.columns),
+            "rows": rows,
+        }
+        (staging / LINEAGE_FILE).write_text(json.dumps(lineage, indent=2) + "\n")
+        os.replace(staging, output)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(verified, ignore_errors=True)
+    log.info("score.written", model=event.model_name, version=event.version, rows=rows)
+    return Scored(output, rows, lineage)
+
+
+class JobFailed(AistackError):
+    """A task of the job failed (on an executor: a worker's artifact copy
+    refused, a framework error); the message is the worker's last line."""
+
+    reason = "job_failed"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _python_error(exc: BaseException) -> str:
+    # A PythonException's text is the worker's traceback, then the JVM's:
+    # the worker's last line names the error.
+    text = str(exc).split("JVM stacktrace:")[0]
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+def _rows(spark: SparkSession, path: Path) -> int:
+    # Parquet footers hold the row counts: this reads no data.
+    return int(spark.read.parquet(str(path)).count())
+
+
+def input_digest(files: list[str]) -> str:
+    """sha256 over each local file's absolute path, size and modification
+    time (not its bytes: a cheap fingerprint that changes when a file is
+    rewritten). ``files`` are paths or ``file:`` URIs, as Spark lists them."""
+    sha = hashlib.sha256()
+    for path in sorted(_local(name) for name in files):
+        stat = path.stat()
+        sha.update(f"{path}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
+    return sha.hexdigest()
+
+
+def _local(name: str) -> Path:
+    # Hadoop writes local files as file:/path, with one slash.
+    if name.startswith("file:"):
+        return Path(unquote(urlparse(name).path)).resolve()
+    if "://" in name:
+        raise InvalidArgument(f"{name}: batch scoring reads local files only")
+    return Path(name).resolve()
+
+
+def _scorer(
+    chosen: Plan, event_bytes: bytes, cache_dir: str
+) -> Callable[[Iterable[Any]], Iterator[Any]]:
+    """The function ``mapInPandas`` runs on each partition (pandas frames in
+    and out). It captures only plain values: the model is loaded where it runs."""
+    columns = list(chosen.columns)
+    keys = list(chosen.keys)
+    row_shape = chosen.row_shape
+    outputs = chosen.outputs
+    name, version = chosen.event.model_name, chosen.event.version
+
+    def run(frames: Iterable[Any]) -> Iterator[Any]:
+        runner = _runner(event_bytes, cache_dir)
+        (signature,) = runner.inputs
+        dtype = model_loading.NUMPY_TYPES[signature.datatype]
+        for frame in frames:
+            rows = len(frame)
+            x = frame[columns].to_numpy(dtype=dtype).reshape((rows, *row_shape))
+            predicted = runner.run({signature.name: x})
+            result = frame[keys].reset_index(drop=True)
+            for output, _, scalar in outputs:
+                values = np.asarray(predicted[output]).reshape(rows, -1)
+                result[output] = values[:, 0] if scalar else list(values)
+            result["model_name"] = name
+            result["model_version"] = version
+            yield result
+
+    return run
+
+
+def _runner(event_bytes: bytes, cache_dir: str) -> model_loading.Runner:
+    event = models_pb2.ModelReady.FromString(event_bytes)
+    key = (event.model_name, event.version, event.sha256)
+    runner = _RUNNERS.get(key)
+    if runner is None:
+        # A directory of this worker's own: the workers of one machine fetch
+        # at the same time, and each verifies the copy it loads.
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        own = Path(tempfile.mkdtemp(prefix=f"worker-{os.getpid()}-", dir=cache_dir))
+        directory = model_loading.fetch(event, own)
+        # One thread per task: Spark runs as many tasks as it has cores.
+        runner = model_loading.load(event, directory, intra_op_threads=1)
+        _RUNNERS[key] = runner
+    return runner

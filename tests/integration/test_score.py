@@ -1,0 +1,169 @@
+"""``aistack score`` on the real broker and a local Spark: the predictions are
+svc_model's, and every refusal is one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from compose import cli
+from shared.bus.topics import ensure_topics
+from shared.model_loading import CHECKSUM_MISMATCH, ArtifactRejected
+from svc_score import app, job
+from svc_score.plan import BadInput, UnknownModel
+from svc_score.settings import ScoreSettings
+from tests.infra import Infra
+from tests.integration import model_support as ms
+
+pytestmark = pytest.mark.integration
+
+ROWS = 48
+COLUMNS = tuple(f"x{i}" for i in range(64))
+MODELS = {ms.TORCH: "score-torch", ms.TF: "score-tf"}
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ms.Artifact]:
+    root = tmp_path_factory.mktemp("score-artifacts")
+    return {ms.TORCH: ms.export_torch(root / "torch"), ms.TF: ms.export_tf(root / "tf")}
+
+
+@pytest.fixture(scope="module")
+def digits_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    """A Parquet file of digit images flattened into 64 columns, with keys."""
+    x = ms.digits(ROWS, seed=5)
+    columns: dict[str, Any] = {
+        "entity_id": [f"e{i:03d}" for i in range(ROWS)],
+        "window_start": pa.array(np.arange(ROWS, dtype="int64") * 60_000, pa.timestamp("ms")),
+        "label": ["ignored"] * ROWS,
+    }
+    flat = x.reshape(ROWS, 64)
+    columns.update({name: flat[:, i] for i, name in enumerate(COLUMNS)})
+    path = tmp_path_factory.mktemp("score-input") / "digits.parquet"
+    pq.write_table(pa.table(columns), path)
+    return path, x
+
+
+@pytest.fixture(scope="module")
+def registry(
+    infra: Infra, artifacts: dict[str, ms.Artifact], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ScoreSettings, ms.ServerThread]]:
+    """Both models on one models topic, version 2 of the torch one tampered
+    with, and svc_model serving the topic."""
+    tmp = tmp_path_factory.mktemp("score-registry")
+    server_settings = ms.settings(infra, tmp, uuid.uuid4().hex[:12])
+    ensure_topics(server_settings.kafka, server_settings.topic_specs())
+    tampered = artifacts[ms.TORCH].copy_to(tmp / "tampered")
+    ms.publish(
+        infra,
+        server_settings.models_topic,
+        ms.event(MODELS[ms.TORCH], 1, artifacts[ms.TORCH], val_error=0.1),
+        ms.event(MODELS[ms.TF], 1, artifacts[ms.TF]),
+        # Worse than version 1: the champion stays 1 (svc_model refuses version 2).
+        ms.event(MODELS[ms.TORCH], 2, tampered, val_error=0.5),
+    )
+    (tampered.directory / "extra").write_text("not what was published")
+    server = ms.ServerThread(server_settings.model_copy(update={"keep_versions": 1}))
+    settings = ScoreSettings(
+        kafka=infra.kafka,
+        models_topic=server_settings.models_topic,
+        artifact_cache_dir=tmp / "score-cache",
+    )
+    yield settings, server
+    server.stop()
+
+
+def served(server: ms.ServerThread, name: str, x: np.ndarray) -> np.ndarray:
+    for stub in ms.stub(server.address):
+        response = stub.ModelInfer(ms.infer_request(name, x), timeout=60)
+        return ms.probabilities(response)
+    raise AssertionError("no stub")
+
+
+@pytest.mark.parametrize("framework", [ms.TORCH, ms.TF])
+def test_spark_scores_each_row_as_svc_model_serves_it(
+    spark: Any,
+    registry: tuple[ScoreSettings, ms.ServerThread],
+    digits_file: tuple[Path, np.ndarray],
+    artifacts: dict[str, ms.Artifact],
+    tmp_path: Path,
+    framework: str,
+) -> None:
+    settings, server = registry
+    path, x = digits_file
+    output = tmp_path / "scored"
+    name = MODELS[framework]
+    scored = app.run(
+        settings, name, input_path=str(path), output=output, columns=COLUMNS, spark=spark
+    )
+    assert scored.rows == ROWS
+    table = pq.read_table(output).to_pydict()
+    assert set(table) == {
+        "entity_id", "window_start", "probabilities", "model_name", "model_version",
+    }  # fmt: skip
+    order = np.argsort(table["entity_id"])
+    got = np.asarray(table["probabilities"], dtype=np.float32)[order]
+    np.testing.assert_allclose(got, served(server, name, x), rtol=1e-5, atol=1e-6)
+    assert set(table["model_name"]) == {name}
+    assert set(table["model_version"]) == {"1"}  # the champion
+    lineage = json.loads((output / job.LINEAGE_FILE).read_text())
+    assert lineage["model"] == name and lineage["version"] == "1"
+    assert lineage["artifact_sha256"] == artifacts[framework].sha256
+    assert lineage["input"] == str(path)
+    assert lineage["input_digest"] == job.input_digest([str(path)])
+    assert lineage["rows"] == ROWS
+
+
+def test_a_missing_column_a_tampered_artifact_and_an_unknown_version_write_nothing(
+    spark: Any,
+    registry: tuple[ScoreSettings, ms.ServerThread],
+    digits_file: tuple[Path, np.ndarray],
+    tmp_path: Path,
+) -> None:
+    settings, _ = registry
+    path, _ = digits_file
+    output = tmp_path / "scored"
+    name = MODELS[ms.TORCH]
+
+    def score(model: str, columns: tuple[str, ...] = COLUMNS) -> None:
+        app.run(settings, model, input_path=str(path), output=output, columns=columns, spark=spark)
+
+    with pytest.raises(BadInput, match=r"^the input has no column 'x64'$"):
+        score(name, (*COLUMNS[1:], "x64"))
+    with pytest.raises(ArtifactRejected, match=r"has sha256 \w+, the event says") as refused:
+        score(f"{name}@2")
+    assert refused.value.reason == CHECKSUM_MISMATCH
+    unknown = r"^model 'score-torch' has no version 7 \(versions: 1, 2\)$"
+    with pytest.raises(UnknownModel, match=unknown):
+        score(f"{name}@7")
+    assert not output.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_command_says_what_is_wrong_in_one_line(
+    registry: tuple[ScoreSettings, ms.ServerThread],
+    digits_file: tuple[Path, np.ndarray],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings, _ = registry
+    monkeypatch.setenv("AISTACK_KAFKA_BOOTSTRAP", settings.kafka.bootstrap)
+    monkeypatch.setenv("AISTACK_SCORE_MODELS_TOPIC", settings.models_topic)
+    output = tmp_path / "scored"
+    status = cli.main(
+        ["score", "nothing-such", "--input", str(digits_file[0]), "--output", str(output)]
+    )
+    assert status == 1
+    err = capsys.readouterr().err
+    assert err.startswith("aistack score: unknown model 'nothing-such' (models: ")
+    assert len(err.strip().splitlines()) == 1
+    assert not output.exists()
