@@ -16,6 +16,7 @@ import pytest
 
 from compose import cli
 from shared.bus.topics import ensure_topics
+from shared.errors import InvalidArgument
 from shared.model_loading import CHECKSUM_MISMATCH, ArtifactRejected
 from svc_score import app, job
 from svc_score.plan import BadInput, UnknownModel
@@ -120,6 +121,10 @@ def test_spark_scores_each_row_as_svc_model_serves_it(
     assert lineage["input"] == str(path)
     assert lineage["input_digest"] == job.input_digest([str(path)])
     assert lineage["rows"] == ROWS
+    before = sorted(output.iterdir())
+    with pytest.raises(InvalidArgument, match="exists; scoring writes a new directory"):
+        app.run(settings, name, input_path=str(path), output=output, columns=COLUMNS, spark=spark)
+    assert sorted(output.iterdir()) == before
 
 
 def test_a_missing_column_a_tampered_artifact_and_an_unknown_version_write_nothing(
