@@ -15,7 +15,8 @@ from svc_trainer.worker import SERVICE, Worker
 
 
 def build_worker(settings: TrainerSettings) -> Worker:
-    """Raises Unavailable (no broker) and ConfigError (a bad runner path)."""
+    """Raises Unavailable (no broker); runner paths were checked when the
+    settings loaded."""
     ensure_topics(settings.kafka, settings.topic_specs())
     executors = ExecutorPool(
         settings.runner_paths(),

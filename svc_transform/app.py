@@ -34,7 +34,7 @@ class TransformApp:
 
     @classmethod
     def prepare(cls, settings: TransformSettings) -> TransformApp:
-        """Raises Unavailable (no broker) and ConfigError (Spark's settings)."""
+        """Raises Unavailable (no broker)."""
         ensure_topics(
             settings.kafka,
             [
