@@ -135,14 +135,17 @@ def _score(args: argparse.Namespace) -> int:
             input_path=args.input,
             output=Path(args.output),
             columns=columns,
+            publish=args.publish,
         )
     except AistackError as exc:
         print(f"aistack score: {exc}", file=sys.stderr)
         return 1
     lineage = scored.lineage
+    published = lineage.get("published")
+    also = f" and {published['records']} records to {published['topic']}" if published else ""
     print(
         f"scored {scored.rows} rows with {lineage['model']} version {lineage['version']} "
-        f"into {scored.output}"
+        f"into {scored.output}{also}"
     )
     return 0
 
@@ -195,6 +198,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--columns",
         help="input columns, comma-separated, in the model's input order "
         "(default: the offline store's feature stats, for a model of that width)",
+    )
+    score.add_argument(
+        "--publish",
+        action="store_true",
+        help="also publish each scored row to aistack.predictions.batch "
+        "(AISTACK_SCORE_PREDICTIONS_TOPIC)",
     )
     score.set_defaults(run=_score)
     study.add_parser(commands)

@@ -36,6 +36,11 @@ def session(
 
     if spark.is_local():
         export_local_spark_environment()
+    executor_python = spark.conf.get(EXECUTOR_PYTHON_CONF)
+    if executor_python:
+        # spark-submit turns this setting into PYSPARK_PYTHON; a session built
+        # here skips spark-submit, and pyspark reads only the variable.
+        os.environ["PYSPARK_PYTHON"] = executor_python
     builder = (
         SparkSession.builder.master(spark.master)
         .appName(app_name)
@@ -59,6 +64,9 @@ def session(
     return started
 
 
+#: The Spark setting naming the Python the executors run.
+EXECUTOR_PYTHON_CONF = "spark.pyspark.python"
+
 #: What a local master's processes need from this process's environment.
 LOCAL_SPARK_ENVIRONMENT = {
     # Without it Spark resolves the host name, which fails or picks a public
@@ -74,7 +82,8 @@ def export_local_spark_environment() -> None:
     """Put ``LOCAL_SPARK_ENVIRONMENT`` into this process's environment where
     the user has not set those variables.
 
-    The one place aistack writes the environment, and only for Spark: pyspark
+    The one place aistack writes the environment (with ``session``'s
+    ``spark.pyspark.python``), and only for Spark: pyspark
     reads ``PYSPARK_PYTHON`` from ``os.environ`` itself, and starts the driver's
     JVM (which reads ``SPARK_LOCAL_IP``) with a copy of ``os.environ``; neither
     takes them from the session's conf. No aistack code reads them.

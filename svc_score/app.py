@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 
 from shared import spark_session
 from shared.bus.consumer import BusTail
+from shared.bus.topics import PREDICTIONS_BATCH, TOPICS_BY_NAME, ensure_topics
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import AistackError, Unavailable
 from shared.log import get_logger
 from shared.settings import KafkaSettings
 from svc_score import job
 from svc_score.plan import choose, parse_model
+from svc_score.publish import Publication
 from svc_score.settings import ScoreSettings
 
 if TYPE_CHECKING:
@@ -56,14 +58,21 @@ def run(
     input_path: str,
     output: Path,
     columns: tuple[str, ...] = (),
+    publish: bool = False,
     spark: SparkSession | None = None,
 ) -> job.Scored:
     """Score ``input_path`` with ``model`` (``NAME`` or ``NAME@VERSION``) into
-    ``output``. Starts a Spark session from ``settings.spark`` unless one is
+    ``output``, and with ``publish`` to ``settings.predictions_topic`` (made
+    if missing). Starts a Spark session from ``settings.spark`` unless one is
     given. Raises AistackError subclasses, each one line (see ``job.score``)."""
     name, version = parse_model(model)
     events = read_models(settings.kafka, settings.models_topic, settings.replay_timeout_seconds)
     event = choose(events, name, version)
+    publish_to = None
+    if publish:
+        topic = settings.predictions_topic
+        ensure_topics(settings.kafka, [TOPICS_BY_NAME[PREDICTIONS_BATCH].named(topic)])
+        publish_to = Publication(settings.kafka, topic)
     own = spark is None
     session = spark or spark_session.session(
         settings.spark, "aistack-score", work_dir=settings.work_dir()
@@ -71,7 +80,13 @@ def run(
     cache = settings.cache_dir()
     try:
         return job.score(
-            session, event, input_path=input_path, output=output, cache_dir=cache, columns=columns
+            session,
+            event,
+            input_path=input_path,
+            output=output,
+            cache_dir=cache,
+            columns=columns,
+            publish_to=publish_to,
         )
     finally:
         if (session.sparkContext.master or "").startswith("local"):

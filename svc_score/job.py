@@ -27,6 +27,7 @@ from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import AistackError, InvalidArgument
 from shared.log import get_logger
 from svc_score.plan import Plan, plan
+from svc_score.publish import Layout, Publication, publish
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -58,12 +59,15 @@ def score(
     output: Path,
     cache_dir: Path,
     columns: tuple[str, ...] = (),
+    publish_to: Publication | None = None,
 ) -> Scored:
     """Score every row of the Parquet at ``input_path`` with ``event``'s
-    model into a new directory ``output``: Parquet files and ``LINEAGE_FILE``.
+    model into a new directory ``output``: Parquet files and ``LINEAGE_FILE``;
+    with ``publish_to``, each output row to that topic too (``publish``).
 
     The output appears whole or not at all: Spark writes beside it, and the
-    directory is renamed into place once the job has succeeded. Raises
+    directory is renamed into place once the job (and the publishing) has
+    succeeded. Raises
     InvalidArgument (the output exists, the input is not Parquet), BadInput
     (see ``plan``), ArtifactRejected (a tampered or unloadable artifact, on
     the driver before any row is read)."""
@@ -91,7 +95,9 @@ def score(
         except Exception as exc:  # a task failed: Spark wraps the worker's error
             raise JobFailed(f"the Spark job failed: {_python_error(exc)}") from exc
         rows = _rows(spark, staging)
-        lineage = {
+        run_id = uuid.uuid4().hex
+        lineage: dict[str, Any] = {
+            "run_id": run_id,
             "model": event.model_name,
             "version": event.version,
             "artifact_sha256": event.sha256,
@@ -103,6 +109,15 @@ def score(
             "columns": list(chosen.columns),
             "rows": rows,
         }
+        if publish_to is not None:
+            layout = Layout.of(chosen, types)
+            try:
+                published = publish(spark, staging, layout, run_id, publish_to)
+            except Exception as exc:  # a task could not deliver its records
+                raise JobFailed(
+                    f"publishing to {publish_to.topic} failed: {_python_error(exc)}"
+                ) from exc
+            lineage["published"] = {"topic": publish_to.topic, "records": published}
         (staging / LINEAGE_FILE).write_text(json.dumps(lineage, indent=2) + "\n")
         os.replace(staging, output)
     finally:

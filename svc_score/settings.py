@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.bus.topics import MODELS_READY
+from shared.bus.topics import MODELS_READY, PREDICTIONS_BATCH
 from shared.settings import ServiceSettings, SparkSettings
 
 
@@ -16,6 +16,8 @@ class ScoreSettings(ServiceSettings):
 
     spark: SparkSettings = Field(default_factory=SparkSettings)
     models_topic: str = MODELS_READY
+    # Where `aistack score --publish` puts each scored row.
+    predictions_topic: str = PREDICTIONS_BATCH
     # Where the driver and each executor copy and verify the artifact.
     artifact_cache_dir: Path | None = None
     # How long reading the models topic up to its end may take.

@@ -18,7 +18,13 @@ from confluent_kafka.admin import (
 )
 from google.protobuf.message import Message
 
-from shared.contracts.aistack.v1 import events_pb2, features_pb2, models_pb2, tuning_pb2
+from shared.contracts.aistack.v1 import (
+    events_pb2,
+    features_pb2,
+    models_pb2,
+    predictions_pb2,
+    tuning_pb2,
+)
 from shared.errors import FailedPrecondition, NotFound, Unavailable
 from shared.settings import KafkaSettings
 
@@ -31,6 +37,7 @@ TUNING_REPORTS = "aistack.tuning.reports"
 TUNING_CONTROL = "aistack.tuning.control"
 TUNING_RESULTS = "aistack.tuning.results"
 MODELS_READY = "aistack.models.ready"
+PREDICTIONS_BATCH = "aistack.predictions.batch"
 
 # Raw records over svc_ingest's payload limit must still reach it, to become
 # dead letters with a reason rather than producer errors nobody sees; their
@@ -73,6 +80,7 @@ TOPICS: tuple[TopicSpec, ...] = (
         compacted=True,
         config={"min.cleanable.dirty.ratio": "0.1", "segment.ms": "3600000"},
     ),
+    TopicSpec(PREDICTIONS_BATCH, predictions_pb2.BatchPrediction),
 )
 TOPICS_BY_NAME: Mapping[str, TopicSpec] = {spec.name: spec for spec in TOPICS}
 

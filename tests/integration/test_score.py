@@ -4,6 +4,9 @@ svc_model's, and every refusal is one line with nothing written."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,13 +19,15 @@ import pytest
 
 from compose import cli
 from shared.bus.topics import ensure_topics
+from shared.contracts.aistack.v1 import predictions_pb2
 from shared.errors import InvalidArgument
 from shared.model_loading import CHECKSUM_MISMATCH, ArtifactRejected
 from svc_score import app, job
 from svc_score.plan import BadInput, UnknownModel
 from svc_score.settings import ScoreSettings
-from tests.infra import Infra
+from tests.infra import Infra, read_topic
 from tests.integration import model_support as ms
+from tests.spark_cluster import standalone_cluster
 
 pytestmark = pytest.mark.integration
 
@@ -172,3 +177,78 @@ def test_the_command_says_what_is_wrong_in_one_line(
     assert err.startswith("aistack score: unknown model 'nothing-such' (models: ")
     assert len(err.strip().splitlines()) == 1
     assert not output.exists()
+
+
+def test_published_predictions_are_the_output_rows_under_the_runs_id(
+    spark: Any,
+    registry: tuple[ScoreSettings, ms.ServerThread],
+    digits_file: tuple[Path, np.ndarray],
+    tmp_path: Path,
+) -> None:
+    settings, _ = registry
+    topic = f"score-predictions-{uuid.uuid4().hex[:8]}"
+    settings = settings.model_copy(update={"predictions_topic": topic})
+    output = tmp_path / "scored"
+    name = MODELS[ms.TORCH]
+    scored = app.run(
+        settings,
+        name,
+        input_path=str(digits_file[0]),
+        output=output,
+        columns=COLUMNS,
+        publish=True,
+        spark=spark,
+    )
+    assert scored.lineage["published"] == {"topic": topic, "records": ROWS}
+    values = read_topic(settings.kafka, topic, wanted=ROWS + 1, timeout=10)
+    records = [predictions_pb2.BatchPrediction.FromString(value) for value in values]
+    assert len(records) == ROWS  # each row once, nothing more
+    table = pq.read_table(output).to_pydict()
+    written = dict(zip(table["entity_id"], table["probabilities"], strict=True))
+    for record in records:
+        assert record.run_id == scored.lineage["run_id"]
+        assert (record.model_name, record.model_version) == (name, "1")
+        (output_values,) = record.outputs
+        assert output_values.name == "probabilities"
+        np.testing.assert_allclose(output_values.values, written[record.entity_id], rtol=1e-6)
+    starts = sorted(record.window_start.ToMilliseconds() for record in records)
+    assert starts == [i * 60_000 for i in range(ROWS)]
+
+
+def test_the_command_scores_on_a_standalone_cluster(
+    registry: tuple[ScoreSettings, ms.ServerThread],
+    digits_file: tuple[Path, np.ndarray],
+    tmp_path: Path,
+) -> None:
+    """``aistack score`` with AISTACK_SPARK_MASTER naming a standalone master
+    (and one worker) that this test starts from pyspark's own jars: the
+    executors run on the worker, and the predictions are svc_model's."""
+    settings, server = registry
+    path, x = digits_file
+    output = tmp_path / "scored"
+    name = MODELS[ms.TF]
+    with standalone_cluster(tmp_path / "cluster") as cluster:
+        spark = cluster.settings()
+        env = {
+            **os.environ,
+            "AISTACK_SPARK_MASTER": spark.master,
+            "AISTACK_SPARK_CONF": json.dumps(spark.conf),
+            "AISTACK_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
+            "AISTACK_SCORE_MODELS_TOPIC": settings.models_topic,
+            "AISTACK_SCORE_ARTIFACT_CACHE_DIR": str(tmp_path / "cache"),
+            "AISTACK_STATE_DIR": str(tmp_path / "state"),
+        }
+        command = [sys.executable, "-m", "compose.cli", "score", name]
+        command += ["--input", str(path), "--output", str(output), "--columns", ",".join(COLUMNS)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        apps = cluster.applications()
+    assert (
+        done.stdout.strip().splitlines()[-1]
+        == f"scored {ROWS} rows with {name} version 1 into {output}"
+    )
+    assert [app["name"] for app in apps] == ["aistack-score"]
+    table = pq.read_table(output).to_pydict()
+    order = np.argsort(table["entity_id"])
+    got = np.asarray(table["probabilities"], dtype=np.float32)[order]
+    np.testing.assert_allclose(got, served(server, name, x), rtol=1e-5, atol=1e-6)

@@ -15,6 +15,7 @@ from shared.contracts.aistack.v1 import (
     events_pb2,
     features_pb2,
     models_pb2,
+    predictions_pb2,
     tuner_service_pb2,
     tuning_pb2,
 )
@@ -30,9 +31,18 @@ DESIGN_TOPICS = {
     "aistack.tuning.control",
     "aistack.models.ready",
 }
-# Ours beyond the design's list: where the tuner announces a study's result.
-EXTRA_TOPICS = {"aistack.tuning.results"}
-AISTACK_FILES = [common_pb2, events_pb2, features_pb2, models_pb2, tuner_service_pb2, tuning_pb2]
+# Ours beyond the design's list: where the tuner announces a study's result,
+# and where `aistack score --publish` puts its predictions.
+EXTRA_TOPICS = {"aistack.tuning.results", "aistack.predictions.batch"}
+AISTACK_FILES = [
+    common_pb2,
+    events_pb2,
+    features_pb2,
+    models_pb2,
+    predictions_pb2,
+    tuner_service_pb2,
+    tuning_pb2,
+]
 
 
 def test_generated_code_is_not_stale() -> None:
