@@ -135,6 +135,7 @@ def _score(args: argparse.Namespace) -> int:
             input_path=args.input,
             output=Path(args.output),
             columns=columns,
+            where=args.where or "",
             publish=args.publish,
         )
     except AistackError as exc:
@@ -198,6 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--columns",
         help="input columns, comma-separated, in the model's input order "
         "(default: the offline store's feature stats, for a model of that width)",
+    )
+    score.add_argument(
+        "--where",
+        help="score only the rows matching this Spark SQL condition, "
+        "e.g. \"metric = 'temperature' AND window = 'tumbling-60s'\"",
     )
     score.add_argument(
         "--publish",

@@ -58,13 +58,15 @@ def run(
     input_path: str,
     output: Path,
     columns: tuple[str, ...] = (),
+    where: str = "",
     publish: bool = False,
     spark: SparkSession | None = None,
 ) -> job.Scored:
     """Score ``input_path`` with ``model`` (``NAME`` or ``NAME@VERSION``) into
-    ``output``, and with ``publish`` to ``settings.predictions_topic`` (made
-    if missing). Starts a Spark session from ``settings.spark`` unless one is
-    given. Raises AistackError subclasses, each one line (see ``job.score``)."""
+    ``output`` (only the rows matching ``where``, when given), and with
+    ``publish`` to ``settings.predictions_topic`` (made if missing). Starts a
+    Spark session from ``settings.spark`` unless one is given. Raises
+    AistackError subclasses, each one line (see ``job.score``)."""
     name, version = parse_model(model)
     events = read_models(settings.kafka, settings.models_topic, settings.replay_timeout_seconds)
     event = choose(events, name, version)
@@ -86,6 +88,7 @@ def run(
             output=output,
             cache_dir=cache,
             columns=columns,
+            where=where,
             publish_to=publish_to,
         )
     finally:

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
+import pyarrow as pa
 
 from shared import model_loading
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import AistackError, InvalidArgument
 from shared.log import get_logger
-from svc_score.plan import Plan, plan
+from svc_score.plan import BadInput, Plan, plan
 from svc_score.publish import Layout, Publication, publish
 
 if TYPE_CHECKING:
@@ -38,6 +39,17 @@ log = get_logger("svc_score")
 LINEAGE_FILE = "_lineage.json"
 #: Under the cache directory: the executors' copies of artifacts.
 EXECUTORS = "executors"
+
+#: numpy types of the output columns' Spark types (``Plan.outputs``).
+_NUMPY_OUTPUT_TYPES = {
+    "float": np.float32,
+    "double": np.float64,
+    "tinyint": np.int8,
+    "smallint": np.int16,
+    "int": np.int32,
+    "bigint": np.int64,
+    "boolean": np.bool_,
+}
 
 # This Python worker's loaded models, by (name, version, sha256): loaded on
 # the first batch a worker scores, reused by every later one.
@@ -59,10 +71,12 @@ def score(
     output: Path,
     cache_dir: Path,
     columns: tuple[str, ...] = (),
+    where: str = "",
     publish_to: Publication | None = None,
 ) -> Scored:
     """Score every row of the Parquet at ``input_path`` with ``event``'s
     model into a new directory ``output``: Parquet files and ``LINEAGE_FILE``;
+    only the rows that match ``where`` (a Spark SQL condition) when given;
     with ``publish_to``, each output row to that topic too (``publish``).
 
     The output appears whole or not at all: Spark writes beside it, and the
@@ -71,11 +85,14 @@ def score(
     InvalidArgument (the output exists, the input is not Parquet), BadInput
     (see ``plan``), ArtifactRejected (a tampered or unloadable artifact, on
     the driver before any row is read)."""
+    from pyspark.sql import functions
+
     if output.exists():
         raise InvalidArgument(f"{output} exists; scoring writes a new directory")
     # The driver verifies first: a tampered artifact stops here, before a task runs.
     verified = model_loading.fetch(event, cache_dir / "driver")
-    staging = output.with_name(f".{output.name}.{uuid.uuid4().hex}.partial")
+    # No leading dot: Hadoop skips hidden paths, and the row count reads it back.
+    staging = output.with_name(f"{output.name}.{uuid.uuid4().hex}.partial")
     try:
         try:
             frame = spark.read.parquet(input_path)
@@ -83,12 +100,20 @@ def score(
             raise InvalidArgument(
                 f"{input_path}: cannot read it as Parquet: {_first_line(exc)}"
             ) from exc
+        if where:
+            frame = _filtered(frame, where)
         types = {field.name: field.dataType.simpleString() for field in frame.schema.fields}
         chosen = plan(event, types, columns)
         files = sorted(frame.inputFiles())
-        scored = frame.select(*chosen.keys, *chosen.columns).mapInPandas(
+        scored = frame.select(*chosen.keys, *chosen.columns).mapInArrow(
             _scorer(chosen, event.SerializeToString(), str(cache_dir / EXECUTORS)),
-            chosen.output_schema(types),
+            chosen.scored_schema(types),
+        )
+        scored = scored.withColumns(
+            {
+                "model_name": functions.lit(event.model_name),
+                "model_version": functions.lit(event.version),
+            }
         )
         try:
             scored.write.parquet(str(staging))
@@ -107,6 +132,7 @@ def score(
             "input_digest": input_digest(files),
             "input_digest_of": "sha256 over each input file's path, size and mtime",
             "columns": list(chosen.columns),
+            "where": where,
             "rows": rows,
         }
         if publish_to is not None:
@@ -132,6 +158,15 @@ class JobFailed(AistackError):
     refused, a framework error); the message is the worker's last line."""
 
     reason = "job_failed"
+
+
+def _filtered(frame: Any, where: str) -> Any:
+    try:
+        filtered = frame.where(where)
+        filtered.schema  # noqa: B018 - analysing the plan raises for a bad condition
+    except Exception as exc:  # ParseException, AnalysisException
+        raise BadInput(f"--where {where!r}: {_first_line(exc)}") from exc
+    return filtered
 
 
 def _first_line(exc: BaseException) -> str:
@@ -175,29 +210,35 @@ def _local(name: str) -> Path:
 def _scorer(
     chosen: Plan, event_bytes: bytes, cache_dir: str
 ) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """The function ``mapInPandas`` runs on each partition (pandas frames in
-    and out). It captures only plain values: the model is loaded where it runs."""
+    """The function ``mapInArrow`` runs on each partition (Arrow record
+    batches in and out: the keys pass through untouched, no pandas). It
+    captures only plain values: the model is loaded where it runs."""
     columns = list(chosen.columns)
     keys = list(chosen.keys)
     row_shape = chosen.row_shape
     outputs = chosen.outputs
-    name, version = chosen.event.model_name, chosen.event.version
 
-    def run(frames: Iterable[Any]) -> Iterator[Any]:
+    def run(batches: Iterable[Any]) -> Iterator[Any]:
         runner = _runner(event_bytes, cache_dir)
         (signature,) = runner.inputs
         dtype = model_loading.NUMPY_TYPES[signature.datatype]
-        for frame in frames:
-            rows = len(frame)
-            x = frame[columns].to_numpy(dtype=dtype).reshape((rows, *row_shape))
-            predicted = runner.run({signature.name: x})
-            result = frame[keys].reset_index(drop=True)
-            for output, _, scalar in outputs:
-                values = np.asarray(predicted[output]).reshape(rows, -1)
-                result[output] = values[:, 0] if scalar else list(values)
-            result["model_name"] = name
-            result["model_version"] = version
-            yield result
+        for batch in batches:
+            rows = batch.num_rows
+            x = np.empty((rows, len(columns)), dtype=dtype)
+            for i, column in enumerate(columns):
+                x[:, i] = batch.column(column).to_numpy(zero_copy_only=False)
+            predicted = runner.run({signature.name: x.reshape((rows, *row_shape))})
+            arrays = [batch.column(key) for key in keys]
+            for output, spark_type, scalar in outputs:
+                values: np.ndarray[Any, Any] = np.asarray(
+                    predicted[output], dtype=_NUMPY_OUTPUT_TYPES[spark_type]
+                ).reshape(rows, -1)
+                if scalar:
+                    arrays.append(pa.array(values[:, 0]))
+                else:
+                    offsets = np.arange(rows + 1, dtype=np.int32) * values.shape[1]
+                    arrays.append(pa.ListArray.from_arrays(offsets, values.reshape(-1)))
+            yield pa.RecordBatch.from_arrays(arrays, names=[*keys, *(o[0] for o in outputs)])
 
     return run
 

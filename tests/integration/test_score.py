@@ -179,6 +179,38 @@ def test_the_command_says_what_is_wrong_in_one_line(
     assert not output.exists()
 
 
+def test_where_scores_only_the_rows_it_matches(
+    spark: Any,
+    registry: tuple[ScoreSettings, ms.ServerThread],
+    digits_file: tuple[Path, np.ndarray],
+    tmp_path: Path,
+) -> None:
+    settings, _ = registry
+    path = str(digits_file[0])
+    name = MODELS[ms.TORCH]
+    where = "entity_id < 'e010' AND label = 'ignored'"
+    output = tmp_path / "scored"
+    scored = app.run(
+        settings, name, input_path=path, output=output, columns=COLUMNS, where=where, spark=spark
+    )
+    assert scored.rows == 10 and scored.lineage["where"] == where
+    assert sorted(pq.read_table(output).column("entity_id").to_pylist()) == [
+        f"e{i:03d}" for i in range(10)
+    ]
+    refused = tmp_path / "refused"
+    with pytest.raises(BadInput, match=r"^--where 'nothing_such > 1': .*nothing_such"):
+        app.run(
+            settings,
+            name,
+            input_path=path,
+            output=refused,
+            columns=COLUMNS,
+            where="nothing_such > 1",
+            spark=spark,
+        )
+    assert not refused.exists()
+
+
 def test_published_predictions_are_the_output_rows_under_the_runs_id(
     spark: Any,
     registry: tuple[ScoreSettings, ms.ServerThread],

@@ -92,9 +92,8 @@ def test_a_seven_wide_model_reads_the_offline_stores_feature_stats() -> None:
     assert chosen.columns == FEATURE_STATS
     assert chosen.keys == ("entity_id", "window_start")
     assert chosen.row_shape == (7,)
-    assert chosen.output_schema(TYPES) == (
-        "`entity_id` string, `window_start` timestamp, `prediction` float, "
-        "`model_name` string, `model_version` string"
+    assert chosen.scored_schema(TYPES) == (
+        "`entity_id` string, `window_start` timestamp, `prediction` float"
     )
 
 
