@@ -103,6 +103,7 @@ bench: setup
 	$(PY) -m bench.tuning_gain
 	$(PY) -m bench.trainer_overhead
 	$(PY) -m bench.serving
+	$(PY) -m bench.batch_scoring
 
 infra-up: setup
 	$(VENV)/bin/aistack infra up

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shared.errors import FailedPrecondition
 from shared.settings import SparkSettings
 
 if TYPE_CHECKING:
@@ -31,7 +32,8 @@ def session(
 ) -> SparkSession:
     """Start (or join) the session: ``jars`` on its classpath, shuffle
     partitions sized to the cores, UTC session time. The driver's JVM runs in
-    ``work_dir``."""
+    ``work_dir``. Raises FailedPrecondition when this process already runs a
+    session on another master."""
     from pyspark.sql import SparkSession
 
     if spark.is_local():
@@ -60,6 +62,14 @@ def session(
     Path(work_dir).mkdir(parents=True, exist_ok=True)
     with contextlib.chdir(work_dir):
         started = builder.getOrCreate()
+    running = started.sparkContext.master
+    if running != spark.master:
+        # getOrCreate hands back a running session as it is: its master and
+        # sizing cannot change, and a job would run where it was not sent.
+        raise FailedPrecondition(
+            f"AISTACK_SPARK_MASTER is {spark.master}, but this process already runs "
+            f"a Spark session on {running}"
+        )
     started.sparkContext.setLogLevel("WARN")
     return started
 

@@ -14,14 +14,12 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
-import pyarrow as pa
 
 from shared import model_loading
 from shared.contracts.aistack.v1 import models_pb2
@@ -39,6 +37,9 @@ log = get_logger("svc_score")
 LINEAGE_FILE = "_lineage.json"
 #: Under the cache directory: the executors' copies of artifacts.
 EXECUTORS = "executors"
+
+# The struct column of a model's several outputs, before it is expanded.
+_SCORED = "__aistack_scored"
 
 #: numpy types of the output columns' Spark types (``Plan.outputs``).
 _NUMPY_OUTPUT_TYPES = {
@@ -105,16 +106,18 @@ def score(
         types = {field.name: field.dataType.simpleString() for field in frame.schema.fields}
         chosen = plan(event, types, columns)
         files = sorted(frame.inputFiles())
-        scored = frame.select(*chosen.keys, *chosen.columns).mapInArrow(
-            _scorer(chosen, event.SerializeToString(), str(cache_dir / EXECUTORS)),
-            chosen.scored_schema(types),
-        )
-        scored = scored.withColumns(
-            {
-                "model_name": functions.lit(event.model_name),
-                "model_version": functions.lit(event.version),
-            }
-        )
+        predict = _predictor(chosen, event.SerializeToString(), str(cache_dir / EXECUTORS))
+        predicted = predict(*chosen.columns)
+        model = [
+            functions.lit(event.model_name).alias("model_name"),
+            functions.lit(event.version).alias("model_version"),
+        ]
+        if len(chosen.outputs) == 1:
+            scored = frame.select(*chosen.keys, predicted.alias(chosen.outputs[0][0]), *model)
+        else:
+            scored = frame.select(*chosen.keys, predicted.alias(_SCORED)).select(
+                *chosen.keys, f"{_SCORED}.*", *model
+            )
         try:
             scored.write.parquet(str(staging))
         except Exception as exc:  # a task failed: Spark wraps the worker's error
@@ -207,40 +210,62 @@ def _local(name: str) -> Path:
     return Path(name).resolve()
 
 
-def _scorer(
-    chosen: Plan, event_bytes: bytes, cache_dir: str
-) -> Callable[[Iterable[Any]], Iterator[Any]]:
-    """The function ``mapInArrow`` runs on each partition (Arrow record
-    batches in and out: the keys pass through untouched, no pandas). It
-    captures only plain values: the model is loaded where it runs."""
-    columns = list(chosen.columns)
-    keys = list(chosen.keys)
+def _predictor(chosen: Plan, event_bytes: bytes, cache_dir: str) -> Any:
+    """A scalar pandas UDF over the input columns: the model's outputs for
+    each row, one column for one output, else a struct of them. The keys
+    never leave the JVM. It captures only plain values: the model is loaded
+    where it runs."""
+    import pandas as pd  # type: ignore[import-untyped]  # no stubs; pyspark's own dependency
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas import functions as pandas_functions
+
     row_shape = chosen.row_shape
     outputs = chosen.outputs
+    # DataType objects, not DDL: parsing DDL needs a running session.
+    atomic = {
+        "float": T.FloatType(),
+        "double": T.DoubleType(),
+        "tinyint": T.ByteType(),
+        "smallint": T.ShortType(),
+        "int": T.IntegerType(),
+        "bigint": T.LongType(),
+        "boolean": T.BooleanType(),
+    }
+    types = [
+        atomic[spark_type] if scalar else T.ArrayType(atomic[spark_type])
+        for _, spark_type, scalar in outputs
+    ]
+    single = len(outputs) == 1
 
-    def run(batches: Iterable[Any]) -> Iterator[Any]:
+    def predict(*columns: Any) -> Any:
         runner = _runner(event_bytes, cache_dir)
         (signature,) = runner.inputs
         dtype = model_loading.NUMPY_TYPES[signature.datatype]
-        for batch in batches:
-            rows = batch.num_rows
-            x = np.empty((rows, len(columns)), dtype=dtype)
-            for i, column in enumerate(columns):
-                x[:, i] = batch.column(column).to_numpy(zero_copy_only=False)
-            predicted = runner.run({signature.name: x.reshape((rows, *row_shape))})
-            arrays = [batch.column(key) for key in keys]
-            for output, spark_type, scalar in outputs:
-                values: np.ndarray[Any, Any] = np.asarray(
-                    predicted[output], dtype=_NUMPY_OUTPUT_TYPES[spark_type]
-                ).reshape(rows, -1)
-                if scalar:
-                    arrays.append(pa.array(values[:, 0]))
-                else:
-                    offsets = np.arange(rows + 1, dtype=np.int32) * values.shape[1]
-                    arrays.append(pa.ListArray.from_arrays(offsets, values.reshape(-1)))
-            yield pa.RecordBatch.from_arrays(arrays, names=[*keys, *(o[0] for o in outputs)])
+        rows = len(columns[0])
+        x = np.empty((rows, len(columns)), dtype=dtype)
+        for i, column in enumerate(columns):
+            x[:, i] = column.to_numpy(dtype=dtype, na_value=np.nan)
+        predicted = runner.run({signature.name: x.reshape((rows, *row_shape))})
+        result = {}
+        for output, spark_type, scalar in outputs:
+            values: np.ndarray[Any, Any] = np.asarray(
+                predicted[output], dtype=_NUMPY_OUTPUT_TYPES[spark_type]
+            ).reshape(rows, -1)
+            result[output] = pd.Series(values[:, 0] if scalar else list(values))
+        return result[outputs[0][0]] if single else pd.DataFrame(result)
 
-    return run
+    # pyspark's stubs type pandas_udf by the function's annotations, which
+    # are set below; at run time it reads them, as objects.
+    pandas_udf: Any = pandas_functions.pandas_udf
+    predict.__annotations__ = {"columns": pd.Series, "return": pd.Series}
+    if single:
+        return pandas_udf(predict, types[0])
+    names = [name for name, _, _ in outputs]
+    struct = T.StructType([T.StructField(n, t) for n, t in zip(names, types, strict=True)])
+    predict.__annotations__["return"] = pd.DataFrame
+    # Not collapsed into the projection that expands the struct, which
+    # would call the model once per output.
+    return pandas_udf(predict, struct).asNondeterministic()
 
 
 def _runner(event_bytes: bytes, cache_dir: str) -> model_loading.Runner:

@@ -106,14 +106,6 @@ class Plan:
     keys: tuple[str, ...]
     outputs: tuple[tuple[str, str, bool], ...]  # (name, Spark type, one value per row)
 
-    def scored_schema(self, input_types: Mapping[str, str]) -> str:
-        """What the executors return, as a Spark DDL string: the keys and the
-        outputs. The job adds ``MODEL_COLUMNS`` as constants."""
-        fields = [f"`{key}` {input_types[key]}" for key in self.keys]
-        for name, spark_type, scalar in self.outputs:
-            fields.append(f"`{name}` {spark_type if scalar else f'array<{spark_type}>'}")
-        return ", ".join(fields)
-
 
 def plan(
     event: models_pb2.ModelReady, input_types: Mapping[str, str], columns: Sequence[str] = ()

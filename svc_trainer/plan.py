@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shared.errors import AistackError
+from shared.settings import SparkSettings
 
 ParamScalar = float | int | str | bool
 
@@ -221,6 +222,10 @@ class RunSpec:
     options: Mapping[str, str] = field(default_factory=dict)
     # False: train and evaluate only (a cross-validation fold), no model.
     export: bool = True
+    # A ``launcher: spark`` trial's Spark (the trainer's AISTACK_SPARK_*) and
+    # the directory its driver's JVM runs in. None: this trainer runs no Spark.
+    spark: SparkSettings | None = None
+    spark_work_dir: str = ""
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,14 @@ from shared.bus.topics import (
     TUNING_TRIALS,
     TopicSpec,
 )
-from shared.settings import ServiceSettings
+from shared.settings import ServiceSettings, SparkSettings
 
 
 class TrainerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="AISTACK_TRAINER_", frozen=True, extra="ignore")
 
+    # Where trials with task.options.launcher "spark" run (svc_trainer.torch_spark).
+    spark: SparkSettings = Field(default_factory=SparkSettings)
     trials_topic: str = TUNING_TRIALS
     reports_topic: str = TUNING_REPORTS
     control_topic: str = TUNING_CONTROL
@@ -56,7 +58,8 @@ class TrainerSettings(ServiceSettings):
     # Heartbeats while training, unless the trial request sets its own.
     heartbeat_seconds: float = Field(default=10.0, gt=0, le=3600)
     # Multi-node TensorFlow: this host's TF_CONFIG (JSON) for the multi-worker
-    # strategies. (Multi-node PyTorch runs under torchrun: svc_trainer.torch_launch.)
+    # strategies. (Multi-node PyTorch: torchrun, svc_trainer.torch_launch, or Spark,
+    # svc_trainer.torch_spark.)
     tf_config: str = ""
     metrics_port: int = Field(default=9105, ge=0, le=65535)
     # Warm executors: the frameworks whose executor starts with the trainer
@@ -128,6 +131,10 @@ class TrainerSettings(ServiceSettings):
 
     def tensorboard_location(self) -> Path:
         return Path(self.tensorboard_dir or self.common.state_dir / "tensorboard")
+
+    def spark_work_dir(self) -> Path:
+        """The Spark driver's working directory (``launcher: spark`` trials)."""
+        return self.common.state_dir / "trainer" / "spark"
 
     def features_location(self) -> str:
         return self.features_path or str(self.common.state_dir / "features" / "windows")

@@ -11,7 +11,9 @@
   the ranks agree on stopping through an all-reduce of a tensor on their own
   device (NCCL reduces CUDA tensors only), so they always stop at the same
   batch. More ranks than GPUs is refused before any rank starts
-  (``plan.check_replicas_fit``).
+  (``plan.check_replicas_fit``). With ``task.options.launcher: spark`` the
+  ranks run as Spark barrier tasks instead, through TorchDistributor
+  (``torch_spark``); the trial reports, checkpoints and exports the same.
 - ``model_parallel``: the network's layers split over two devices (two GPUs
   when present, else two CPU stages), activations moved between them.
 
@@ -35,7 +37,7 @@ import torch
 from torch import nn
 
 from shared.artifacts import TORCH_EXPORT_FILE
-from svc_trainer import torch_models
+from svc_trainer import torch_models, trials
 from svc_trainer.plan import (
     TASK_CLASSIFICATION,
     Channel,
@@ -47,6 +49,7 @@ from svc_trainer.plan import (
 from svc_trainer.torch_ddp import ddp
 from svc_trainer.torch_devices import TwoStage, device_for, two_devices
 from svc_trainer.torch_loop import Loop
+from svc_trainer.torch_spark import ddp_on_spark
 from svc_trainer.torch_strategy import check, strategy_of
 
 
@@ -65,8 +68,11 @@ def train(spec: RunSpec, data: DataSplits, channel: Channel) -> tuple[RunResult,
     torch.manual_seed(spec.seed)
     model = check(spec, data)
     strategy = strategy_of(spec)
+    launcher = trials.launcher(spec)  # "spark" is refused for all but ddp
     if spec.threads > 0:
         torch.set_num_threads(spec.threads)
+    if strategy == "ddp" and launcher == "spark":
+        return ddp_on_spark(spec, data, channel, model)
     if strategy == "ddp":
         return ddp(spec, data, channel, model)
     if strategy == "model_parallel":

@@ -16,6 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1 import common_pb2, models_pb2, tuning_pb2
 from shared.objective import REFIT, is_refit
+from shared.settings import SparkSettings
 from svc_trainer import evaluation
 from svc_trainer.plan import (
     DataLoaded,
@@ -52,6 +53,31 @@ def params(request: tuning_pb2.TrialRequested) -> dict[str, ParamScalar]:
 #: A study may search over frameworks too: a string parameter of this name
 #: ("torch" or "tensorflow") overrides the task's framework for its trial.
 FRAMEWORK_PARAM = "framework"
+
+
+#: How a multi-process trial's processes start (``task.options``): "local"
+#: (the default: on this node) or "spark" (a torch ``ddp`` trial's ranks as
+#: Spark barrier tasks, ``torch_spark``).
+LAUNCHER_OPTION = "launcher"
+LAUNCHERS = ("local", "spark")
+
+
+def launcher(spec: RunSpec) -> str:
+    """The launcher ``spec`` asks for; TrialError (invalid_params) for an
+    unknown one, or "spark" on anything but a torch ``ddp`` trial."""
+    name = spec.options.get(LAUNCHER_OPTION, "") or "local"
+    if name not in LAUNCHERS:
+        raise TrialError(
+            f'options["{LAUNCHER_OPTION}"]={name!r}: expected one of {", ".join(LAUNCHERS)}',
+            reason="invalid_params",
+        )
+    if name == "spark" and (spec.framework, spec.strategy) != ("torch", "ddp"):
+        raise TrialError(
+            f'options["{LAUNCHER_OPTION}"]="spark" runs torch ddp trials only, '
+            f"not {spec.framework} {spec.strategy or 'default'}",
+            reason="invalid_params",
+        )
+    return name
 
 
 #: A cross-validation's fold as a trial parameter (a grid over it spreads one
@@ -101,9 +127,12 @@ def run_spec(
     world_size: int,
     tf_config: str = "",
     frameworks: Collection[str] = ("torch", "tensorflow"),
+    spark: SparkSettings | None = None,
+    spark_work_dir: Path | None = None,
 ) -> RunSpec:
     """The run for ``request``; TrialError for what no trainer can train.
-    ``frameworks``: the runners this trainer has."""
+    ``frameworks``: the runners this trainer has; ``spark``: where a
+    ``launcher: spark`` trial runs (None: nowhere)."""
     task = request.task
     framework = framework_name(request)
     if framework not in frameworks:
@@ -125,7 +154,7 @@ def run_spec(
     if CV_FOLD_PARAM in given:
         options[CV_FOLD_PARAM] = str(given[CV_FOLD_PARAM])
     hyperparams = {k: v for k, v in given.items() if k not in (FRAMEWORK_PARAM, CV_FOLD_PARAM)}
-    return RunSpec(
+    spec = RunSpec(
         trial_id=request.trial_id,
         study_id=request.study_id,
         trial_number=request.trial_number,
@@ -146,7 +175,11 @@ def run_spec(
         threads=threads,
         tf_config=tf_config,
         options=options,
+        spark=spark,
+        spark_work_dir=str(spark_work_dir or ""),
     )
+    launcher(spec)
+    return spec
 
 
 def data_request(

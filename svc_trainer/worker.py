@@ -207,6 +207,8 @@ class Worker:
                 world_size=settings.world_size,
                 tf_config=settings.tf_config,
                 frameworks=self._executors.frameworks,
+                spark=settings.spark,
+                spark_work_dir=settings.spark_work_dir(),
             )
             params = trials.params(request)
             executor = self._executors.executor_for(spec.framework)

@@ -30,9 +30,12 @@ def unique() -> str:
     return uuid.uuid4().hex[:12]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One real local Spark (2 cores) for every Spark test: start-up costs seconds."""
+    """One real local Spark (2 cores) for a module's Spark tests: start-up
+    costs seconds. Not one for the session: a process has one SparkContext,
+    and the modules that start Spark sessions of their own (on a cluster,
+    through the trainer) must find none running."""
     from shared.settings import CommonSettings, SparkSettings
     from svc_transform.spark import session
 

@@ -92,9 +92,6 @@ def test_a_seven_wide_model_reads_the_offline_stores_feature_stats() -> None:
     assert chosen.columns == FEATURE_STATS
     assert chosen.keys == ("entity_id", "window_start")
     assert chosen.row_shape == (7,)
-    assert chosen.scored_schema(TYPES) == (
-        "`entity_id` string, `window_start` timestamp, `prediction` float"
-    )
 
 
 def test_named_columns_fill_the_input_row_major_and_a_wide_output_is_an_array() -> None:
