@@ -32,7 +32,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -127,7 +127,8 @@ _ARRAYS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
 
 def write_job(directory: Path, spec: RunSpec, data: DataSplits) -> None:
     """The spec (JSON) and the data (.npz, no pickles) a worker trains on."""
-    spec_doc = asdict(spec)
+    # A TensorFlow worker starts no Spark: its spec travels without the settings.
+    spec_doc = asdict(replace(spec, spark=None))
     spec_doc["options"] = dict(spec.options)
     data_doc = {f.name: getattr(data, f.name) for f in fields(data) if f.name not in _ARRAYS}
     data_doc["offsets"] = [list(o) for o in data.offsets]

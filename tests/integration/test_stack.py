@@ -204,7 +204,7 @@ def test_a_service_that_dies_at_start_fails_up_and_undoes_it(
 ) -> None:
     # The one way to break a single service: its own setting, from the
     # environment every service inherits.
-    monkeypatch.setenv("AISTACK_SPARK_MASTER", "nonsense")
+    monkeypatch.setenv("AISTACK_TRANSFORM_WATERMARK_SECONDS", "-1")
     state_dir = tmp_path / "state"
     stack = ServiceStack(settings_on_free_ports(state_dir))
     started_at = time.monotonic()
@@ -212,7 +212,7 @@ def test_a_service_that_dies_at_start_fails_up_and_undoes_it(
         stack.up()
     message = str(raised.value)
     assert message.startswith("svc_transform exited during start-up (exit status 2)")
-    assert "AISTACK_SPARK_MASTER" in message.splitlines()[-1]
+    assert "AISTACK_TRANSFORM_WATERMARK_SECONDS" in message.splitlines()[-1]
     # At once, not at the start timeout.
     assert time.monotonic() - started_at < stack.settings.start_timeout / 2
     assert {s.state for s in stack.status()} == {"stopped"}
