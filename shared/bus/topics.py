@@ -37,6 +37,7 @@ TUNING_REPORTS = "aistack.tuning.reports"
 TUNING_CONTROL = "aistack.tuning.control"
 TUNING_RESULTS = "aistack.tuning.results"
 MODELS_READY = "aistack.models.ready"
+PREDICTIONS = "aistack.predictions"
 PREDICTIONS_BATCH = "aistack.predictions.batch"
 
 # Raw records over svc_ingest's payload limit must still reach it, to become
@@ -80,6 +81,8 @@ TOPICS: tuple[TopicSpec, ...] = (
         compacted=True,
         config={"min.cleanable.dirty.ratio": "0.1", "segment.ms": "3600000"},
     ),
+    # svc_model's prediction log, and `aistack score --publish`'s rows.
+    TopicSpec(PREDICTIONS, predictions_pb2.PredictionLogged),
     TopicSpec(PREDICTIONS_BATCH, predictions_pb2.BatchPrediction),
 )
 TOPICS_BY_NAME: Mapping[str, TopicSpec] = {spec.name: spec for spec in TOPICS}

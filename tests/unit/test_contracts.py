@@ -32,8 +32,9 @@ DESIGN_TOPICS = {
     "aistack.models.ready",
 }
 # Ours beyond the design's list: where the tuner announces a study's result,
-# and where `aistack score --publish` puts its predictions.
-EXTRA_TOPICS = {"aistack.tuning.results", "aistack.predictions.batch"}
+# svc_model's prediction log, and where `aistack score --publish` puts its
+# predictions.
+EXTRA_TOPICS = {"aistack.tuning.results", "aistack.predictions", "aistack.predictions.batch"}
 AISTACK_FILES = [
     common_pb2,
     events_pb2,
