@@ -151,6 +151,24 @@ def _score(args: argparse.Namespace) -> int:
     return 0
 
 
+def _lineage(args: argparse.Namespace) -> int:
+    import json
+
+    from compose import lineage
+    from compose.settings import LineageSettings
+
+    try:
+        tree = lineage.trace(load_settings(LineageSettings), args.target)
+    except AistackError as exc:
+        print(f"aistack lineage: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(tree.to_json(), indent=2, default=str))
+    else:
+        print("\n".join(tree.lines()))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="aistack", description="aistack: the event-driven ML platform"
@@ -212,6 +230,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(AISTACK_SCORE_PREDICTIONS_TOPIC)",
     )
     score.set_defaults(run=_score)
+    lineage = commands.add_parser(
+        "lineage", help="walk a prediction or a model version back to the raw records under it"
+    )
+    lineage.add_argument(
+        "target", metavar="REQUEST_ID|MODEL@VERSION", help="a logged prediction's request id"
+    )
+    lineage.add_argument("--json", action="store_true", help="the tree as JSON")
+    lineage.set_defaults(run=_lineage)
     study.add_parser(commands)
     predict.add_parser(commands)
     demo.add_parser(commands)

@@ -12,7 +12,8 @@ from typing import NamedTuple
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.settings import CommonSettings
+from shared.bus.topics import EVENTS_CLEAN, MODELS_READY, PREDICTIONS
+from shared.settings import CommonSettings, ServiceSettings
 
 
 def inherited_environment() -> dict[str, str]:
@@ -158,3 +159,15 @@ class StackSettings(BaseSettings):
                 )
             )
         return uses
+
+
+class LineageSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="AISTACK_LINEAGE_", frozen=True, extra="ignore")
+
+    predictions_topic: str = PREDICTIONS
+    models_topic: str = MODELS_READY
+    clean_topic: str = EVENTS_CLEAN
+    # How long reading one topic to its end may take.
+    timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
+    # How many raw records each branch prints.
+    raw_shown: int = Field(default=3, ge=0, le=100)

@@ -4,15 +4,14 @@ Spark session, the job."""
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared import spark_session
-from shared.bus.consumer import BusTail
+from shared.bus.consumer import read_to_end
 from shared.bus.topics import PREDICTIONS_BATCH, TOPICS_BY_NAME, ensure_topics
 from shared.contracts.aistack.v1 import models_pb2
-from shared.errors import AistackError, Unavailable
+from shared.errors import AistackError
 from shared.log import get_logger
 from shared.settings import KafkaSettings
 from svc_score import job
@@ -30,24 +29,12 @@ def read_models(kafka: KafkaSettings, topic: str, timeout: float) -> list[models
     """Every model-ready event the (compacted) topic holds now, in log order.
     A record that is not a ModelReady is skipped, as the model server
     dead-letters it. Raises Unavailable when the topic is not read in time."""
-    tail: BusTail[models_pb2.ModelReady] = BusTail(
-        kafka, topics=[topic], message_cls=models_pb2.ModelReady, from_beginning=True
-    )
     events: list[models_pb2.ModelReady] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while not tail.caught_up():
-            if time.monotonic() > deadline:
-                raise Unavailable(f"the models topic {topic} was not read within {timeout} s")
-            for record in tail.poll_batch():
-                try:
-                    events.append(record.decode())
-                except AistackError as exc:
-                    log.warning(
-                        "score.skipped_record", topic=topic, offset=record.offset, error=str(exc)
-                    )
-    finally:
-        tail.close()
+    for record in read_to_end(kafka, topic, models_pb2.ModelReady, timeout):
+        try:
+            events.append(record.decode())
+        except AistackError as exc:
+            log.warning("score.skipped_record", topic=topic, offset=record.offset, error=str(exc))
     return events
 
 

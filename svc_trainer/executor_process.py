@@ -151,6 +151,7 @@ def _run_trial(
                 splits.offsets,
                 splits.feature,
                 train_examples=len(splits.y_train),
+                files=splits.files,
             )
         )
         channel = _PipeChannel(events, stop, beats)

@@ -96,6 +96,7 @@ def load_features(options: Mapping[str, str], features_path: str) -> DataSplits:
         x_test=x[test],
         y_test=y[test],
         source=str(root),
+        files=tuple(files),
         # Trained on every path's series: by default it reads the path-less field.
         feature=online_field(metric, window) if lags == 1 else "",
     )

@@ -184,6 +184,8 @@ class DataSplits:
     offsets: tuple[tuple[str, int, int], ...] = ()
     # Where it came from, for lineage: "sklearn digits", a path, ...
     source: str = ""
+    # The files it was read from, for lineage (the offline store's Parquet files).
+    files: tuple[str, ...] = ()
     # For window features with one lag: the online-store field (e.g.
     # "temperature@tumbling-60s") whose latest window is one row of x, so the
     # model server can feed the model by entity.
@@ -266,6 +268,7 @@ class DataLoaded:
     feature: str = ""
     # Rows the model trained on (train, or train + validation for a refit).
     train_examples: int = 0
+    files: tuple[str, ...] = ()
 
 
 class Channel(Protocol):

@@ -221,6 +221,7 @@ def model_ready(
                 common_pb2.SourcePosition(topic=t, partition=p, offset=o)
                 for t, p, o in (data.offsets if data else ())
             ],
+            files=list(data.files) if data else [],
         ),
     )
     for name, value in request.params.items():

@@ -277,4 +277,25 @@ class BusTail(Generic[MessageT]):
         self._consumer.close()
 
 
-__all__ = ["BusConsumer", "BusTail", "Record"]
+def read_to_end(
+    kafka: KafkaSettings, topic: str, message_cls: type[MessageT], timeout: float
+) -> list[Record[MessageT]]:
+    """Every record ``topic`` holds now, from its first, in each partition's
+    order (a compacted registry, a log to search). Raises Unavailable when
+    they are not all read within ``timeout`` seconds."""
+    tail: BusTail[MessageT] = BusTail(
+        kafka, topics=[topic], message_cls=message_cls, from_beginning=True
+    )
+    records: list[Record[MessageT]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while not tail.caught_up():
+            if time.monotonic() > deadline:
+                raise Unavailable(f"the topic {topic} was not read within {timeout} s")
+            records.extend(tail.poll_batch())
+    finally:
+        tail.close()
+    return records
+
+
+__all__ = ["BusConsumer", "BusTail", "Record", "read_to_end"]

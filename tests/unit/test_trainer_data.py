@@ -316,6 +316,18 @@ def test_mnist_rejects_a_malformed_file(mnist: FakeMnist) -> None:
 
 T0 = datetime(2026, 11, 22, 23, 56, tzinfo=UTC)
 TUMBLING = "tumbling-60s"
+#: The offline store's ``sources`` column, as Spark writes it.
+SOURCES = pa.list_(
+    pa.struct(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("min_offset", pa.int64()),
+            ("max_offset", pa.int64()),
+            ("count", pa.int64()),
+        ]
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -345,6 +357,17 @@ class Window:
     def count(self) -> int:
         return 5 + self.index
 
+    def source(self) -> dict[str, Any]:
+        """Its clean events, on partition 0 (offsets are arbitrary here)."""
+        first = 100 * self.index
+        return {
+            "topic": "aistack.events.clean",
+            "partition": 0,
+            "min_offset": first,
+            "max_offset": first + self.count - 1,
+            "count": self.count,
+        }
+
 
 def expected_features(window: Window) -> list[float]:
     low, high = window.spread()
@@ -352,17 +375,21 @@ def expected_features(window: Window) -> list[float]:
             window.mean + 0.875]  # fmt: skip
 
 
-def write_store(root: Path, windows: Sequence[Window], *, int96: bool = True) -> None:
+def write_store(
+    root: Path, windows: Sequence[Window], *, int96: bool = True, sources: bool = True
+) -> None:
     """``windows`` as svc_transform's WindowSink writes them: one Parquet file per
-    date/metric/window/batch partition, Spark's column names and types."""
+    date/metric/window/batch partition, Spark's column names and types (without
+    ``sources``, as it wrote them before it had the column)."""
     groups: dict[tuple[str, str, str, int], list[Window]] = {}
     for w in windows:
         groups.setdefault((w.start.strftime("%Y-%m-%d"), w.metric, w.window, w.batch), []).append(w)
     for (date, metric, window, batch), rows in groups.items():
         folder = root / partition_path(date=date, metric=metric, window=window, batch=batch)
         folder.mkdir(parents=True, exist_ok=True)
+        table = window_table(rows)
         pq.write_table(
-            window_table(rows),
+            table if sources else table.drop_columns(["sources"]),
             folder / f"part-00000-{len(list(folder.iterdir())):04d}.c000.snappy.parquet",
             use_deprecated_int96_timestamps=int96,
         )
@@ -390,6 +417,7 @@ def window_table(rows: Sequence[Window]) -> Any:
         "p95": (pa.float64(), [w.mean + 0.875 for w in rows]),
         "error_rate": (pa.float64(), [None for _ in rows]),
         "last_event_time": (timestamp, [w.start + timedelta(seconds=59) for w in rows]),
+        "sources": (SOURCES, [[w.source()] for w in rows]),
     }
     assert tuple(columns) == OFFLINE_COLUMNS  # the layout svc_transform writes
     return pa.table({name: pa.array(values, kind) for name, (kind, values) in columns.items()})
@@ -458,6 +486,25 @@ def test_features_lags_option(store: Path) -> None:
     np.testing.assert_array_equal(splits.y_test, [21.0, 22.0])
     # One lag: svc_model can feed it the latest window of this online-store field.
     assert splits.feature == "temperature@tumbling-60s"
+
+
+@pytest.mark.parametrize("old_first", [True, False], ids=["old-files-first", "new-files-first"])
+def test_features_read_a_store_written_before_it_had_sources(
+    tmp_path: Path, old_first: bool
+) -> None:
+    windows = series("sensor-1", 13)
+    old, new = (windows[:8], windows[8:]) if old_first else (windows[5:], windows[:5])
+    write_store(tmp_path / "mixed", old, sources=False)
+    write_store(tmp_path / "mixed", new)
+    write_store(tmp_path / "current", windows)
+    files = sorted((tmp_path / "mixed").rglob("*.parquet"))
+    assert {"sources" in pq.read_schema(file).names for file in files} == {True, False}
+
+    mixed = load("features", {"path": str(tmp_path / "mixed")})
+    current = load("features", {"path": str(tmp_path / "current")})
+
+    for got, want in zip(split_arrays(mixed), split_arrays(current), strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_a_replayed_batch_keeps_the_latest_rows(tmp_path: Path) -> None:
@@ -570,6 +617,9 @@ def test_features_version_follows_the_files(store: Path) -> None:
     grown = load("features", {}, features_path=str(store))
     assert grown.version != first.version
     assert grown.y_test.tolist() == [22.0, 23.0]
+    # The lineage names every file read, the new one too.
+    files = sorted(str(path) for path in store.rglob("*.parquet"))
+    assert list(grown.files) == files and len(first.files) == len(files) - 1
 
 
 # -- helpers ----------------------------------------------------------------------------

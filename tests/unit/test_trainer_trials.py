@@ -106,7 +106,13 @@ def test_the_model_ready_event_carries_metrics_and_lineage(tmp_path: Path) -> No
         inputs=(TensorSig("input", "FP32", (-1, 8, 8)),),
         outputs=(TensorSig("probabilities", "FP32", (-1, 10)),),
     )
-    data = DataLoaded("digits", "abc123", "sklearn digits", (("aistack.features.windows", 0, 42),))
+    data = DataLoaded(
+        "digits",
+        "abc123",
+        "sklearn digits",
+        (("aistack.features.windows", 0, 42),),
+        files=("/store/date=x/part-0.parquet",),
+    )
     ready = trials.model_ready(
         request(),
         result,
@@ -125,6 +131,7 @@ def test_the_model_ready_event_carries_metrics_and_lineage(tmp_path: Path) -> No
     assert ready.lineage.params["units"].int_value == 64
     assert ready.lineage.data.dataset == "digits@abc123"
     assert ready.lineage.data.offsets[0].offset == 42
+    assert list(ready.lineage.data.files) == ["/store/date=x/part-0.parquet"]
     assert ready.labels["trainer"] == "t1" and ready.labels["attempt"] == "2"
     assert ready.sha256 == sha and ready.size_bytes == len(b"weights")
 

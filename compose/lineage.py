@@ -1,0 +1,345 @@
+"""``aistack lineage REQUEST_ID | MODEL@VERSION``: a prediction (or a model
+version) walked back to the raw Kafka records under it.
+
+    prediction → model version, artifact digest → study, trial, parameters
+               → training data: offline-store files → the windows' clean-event
+                 positions → the raw records' positions (a few shown)
+               → the feature window it was fed (requests by entity) → clean
+                 events → raw records (a few shown)
+
+Every step reads what aistack wrote: the prediction log (``aistack.predictions``),
+the model registry (``aistack.models.ready``), the training files named in
+the model's lineage, ``FeatureWindow.sources``, ``CleanEvent.source``. What
+is gone (a record past the topic's retention, a file deleted) is shown as
+gone, never guessed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from compose.settings import LineageSettings
+from shared.bus.consumer import read_to_end
+from shared.contracts.aistack.v1 import common_pb2, events_pb2, models_pb2, predictions_pb2
+from shared.errors import AistackError, InvalidArgument, NotFound
+from shared.objective import version_number
+from shared.settings import KafkaSettings
+
+
+@dataclass
+class Node:
+    """One step of the walk: a title line, facts (for ``--json``), and what it came from."""
+
+    title: str
+    facts: dict[str, Any] = field(default_factory=dict)
+    children: list[Node] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            **self.facts,
+            "from": [child.to_json() for child in self.children],
+        }
+
+    def lines(self) -> list[str]:
+        """The tree as text, one line per node."""
+        out = [self.title]
+        for i, child in enumerate(self.children):
+            last = i == len(self.children) - 1
+            head, rest = ("└─ ", "   ") if last else ("├─ ", "│  ")
+            child_lines = child.lines()
+            out.append(head + child_lines[0])
+            out.extend(rest + line for line in child_lines[1:])
+        return out
+
+
+def trace(settings: LineageSettings, target: str) -> Node:
+    """The lineage of ``target``: a prediction's request id, or ``MODEL@VERSION``.
+    Raises NotFound (no such prediction or model version), InvalidArgument."""
+    with Positions(settings.kafka) as bus:
+        walk = _Walk(settings, bus)
+        if "@" in target:
+            name, _, version = target.partition("@")
+            if not name:
+                raise InvalidArgument(f"expected REQUEST_ID or MODEL@VERSION, got {target!r}")
+            version_number(version)
+            return walk.model(walk.find_model(name, version))
+        return walk.prediction(walk.find_prediction(target))
+
+
+class Positions:
+    """Reads records by position (no consumer group, nothing committed)."""
+
+    def __init__(self, kafka: KafkaSettings) -> None:
+        self._consumer = Consumer(
+            {
+                **kafka.client_config(),
+                "group.id": "aistack-lineage",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+            }
+        )
+
+    def __enter__(self) -> Positions:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._consumer.close()
+
+    def first_offset(self, topic: str, partition: int) -> int:
+        """The first offset still on the bus (earlier ones are past retention)."""
+        low, _ = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30)
+        return int(low)
+
+    def read(self, topic: str, partition: int, first: int, last: int) -> Iterator[Any]:
+        """The records of ``topic``[``partition``] from ``first`` to ``last``
+        (inclusive) that are still there."""
+        self._consumer.assign([TopicPartition(topic, partition, first)])
+        next_offset = first
+        while True:
+            # consume() waits until it has as many records as asked for (or
+            # its timeout): ask for no more than the range still holds.
+            wanted = max(1, min(500, last - next_offset + 1))
+            batch = self._consumer.consume(wanted, timeout=5)
+            if not batch:
+                return
+            for record in batch:
+                if record.error() is not None:  # the partition's end
+                    return
+                offset = int(record.offset() or 0)
+                if offset > last:
+                    return
+                yield record
+                if offset == last:
+                    return
+                next_offset = offset + 1
+
+
+class _Walk:
+    def __init__(self, settings: LineageSettings, bus: Positions) -> None:
+        self._settings = settings
+        self._bus = bus
+
+    # ---- finding the start ----
+
+    def find_prediction(self, request_id: str) -> predictions_pb2.PredictionLogged:
+        found: predictions_pb2.PredictionLogged | None = None
+        for record in self._records(
+            self._settings.predictions_topic, predictions_pb2.PredictionLogged
+        ):
+            if record.request_id == request_id:
+                found = record
+        if found is None:
+            raise NotFound(
+                f"no prediction {request_id!r} on {self._settings.predictions_topic} "
+                "(not sampled, past retention, or never made)"
+            )
+        return found
+
+    def find_model(self, name: str, version: str) -> models_pb2.ModelReady:
+        found: models_pb2.ModelReady | None = None
+        for event in self._records(self._settings.models_topic, models_pb2.ModelReady):
+            if event.model_name == name and event.version == version:
+                found = event
+        if found is None:
+            raise NotFound(
+                f"no version {version} of model {name!r} on {self._settings.models_topic}"
+            )
+        return found
+
+    def _records(self, topic: str, cls: type[Any]) -> Iterator[Any]:
+        for record in read_to_end(self._settings.kafka, topic, cls, self._settings.timeout_seconds):
+            try:
+                yield record.decode()
+            except AistackError:
+                continue  # not this topic's message: the services dead-letter it
+
+    # ---- the steps ----
+
+    def prediction(self, logged: predictions_pb2.PredictionLogged) -> Node:
+        node = Node(
+            f"prediction {logged.request_id}: {logged.model_name} version {logged.model_version}, "
+            f"{logged.served_time.ToJsonString()}, {logged.latency_us / 1000:.2f} ms",
+            {"prediction": json_format.MessageToDict(logged)},
+        )
+        try:
+            node.children.append(
+                self.model(self.find_model(logged.model_name, logged.model_version))
+            )
+        except NotFound as gone:
+            node.children.append(Node(f"model: {gone}", {"gone": True}))
+        if logged.entity_id:
+            window = Node(
+                f"feature window {logged.window_key or '(key not logged)'} "
+                f"of entity {logged.entity_id}",
+                {"entity_id": logged.entity_id, "window_key": logged.window_key},
+            )
+            window.children.extend(self.clean(logged.window_sources, entities={logged.entity_id}))
+            node.children.append(window)
+        else:
+            node.children.append(
+                Node(
+                    f"inputs sent as tensors: sha256 {logged.inputs_sha256}",
+                    {"inputs_sha256": logged.inputs_sha256},
+                )
+            )
+        return node
+
+    def model(self, event: models_pb2.ModelReady) -> Node:
+        lineage = event.lineage
+        node = Node(
+            f"model {event.model_name} version {event.version}: artifact sha256 "
+            f"{event.sha256} at {event.artifact_uri}",
+            {"model": json_format.MessageToDict(event)},
+        )
+        params = ", ".join(
+            f"{name}={_param(value)}" for name, value in sorted(lineage.params.items())
+        )
+        node.children.append(
+            Node(
+                f"study {lineage.study_id}, trial {lineage.trial_id} (#{lineage.trial_number})"
+                + (f": {params}" if params else ""),
+                {"study_id": lineage.study_id, "trial_id": lineage.trial_id},
+            )
+        )
+        node.children.append(self.training_data(lineage.data))
+        return node
+
+    def training_data(self, data: models_pb2.DataLineage) -> Node:
+        node = Node(f"training data {data.dataset}", {"dataset": data.dataset})
+        if not data.files:
+            node.title += " (not read from files: no bus positions to follow)"
+            return node
+        present = [path for path in data.files if Path(path).exists()]
+        missing = len(data.files) - len(present)
+        node.title += f": {len(data.files)} files" + (
+            f", {missing} no longer on disk" if missing else ""
+        )
+        node.facts["files"] = list(data.files)
+        windows, entities, ranges = _windows_in(present)
+        if not windows:
+            node.children.append(Node("the files hold no window positions (written before them)"))
+            return node
+        summary = Node(
+            f"{windows} windows of {len(entities)} entities, over clean events "
+            + "; ".join(_range_text(r) for r in ranges),
+            {"windows": windows, "clean_ranges": [json_format.MessageToDict(r) for r in ranges]},
+        )
+        summary.children.extend(self.clean(ranges, entities=entities))
+        node.children.append(summary)
+        return node
+
+    def clean(self, ranges: Iterable[common_pb2.OffsetRange], *, entities: set[str]) -> list[Node]:
+        """The clean events of ``entities`` in ``ranges``, and the raw records under them."""
+        nodes: list[Node] = []
+        raw: list[common_pb2.SourcePosition] = []
+        for span in ranges:
+            first = self._bus.first_offset(span.topic, span.partition)
+            found = 0
+            for record in self._bus.read(
+                span.topic, span.partition, max(span.min_offset, first), span.max_offset
+            ):
+                try:
+                    event = events_pb2.CleanEvent.FromString(record.value())
+                except DecodeError:
+                    continue
+                if event.entity_id in entities:
+                    found += 1
+                    if event.HasField("source"):
+                        raw.append(event.source)
+            title = f"clean events {_range_text(span)}: {found} read"
+            if first > span.min_offset:
+                title += f"; offsets below {first} are past the topic's retention"
+            nodes.append(Node(title, {"range": json_format.MessageToDict(span), "read": found}))
+        if raw and nodes:
+            nodes[-1].children.append(self.raw(raw))
+        return nodes
+
+    def raw(self, positions: list[common_pb2.SourcePosition]) -> Node:
+        grouped: dict[tuple[str, int], list[int]] = defaultdict(list)
+        for position in positions:
+            grouped[(position.topic, position.partition)].append(position.offset)
+        spans = [
+            f"{topic}[{partition}] offsets {min(offsets)}..{max(offsets)} ({len(offsets)})"
+            for (topic, partition), offsets in sorted(grouped.items())
+        ]
+        node = Node(
+            "raw records " + "; ".join(spans),
+            {
+                "raw": [
+                    {"topic": t, "partition": p, "offsets": sorted(o)}
+                    for (t, p), o in sorted(grouped.items())
+                ]
+            },
+        )
+        for position in positions[: self._settings.raw_shown]:
+            node.children.append(self.raw_record(position))
+        return node
+
+    def raw_record(self, position: common_pb2.SourcePosition) -> Node:
+        where = f"{position.topic}[{position.partition}]@{position.offset}"
+        if self._bus.first_offset(position.topic, position.partition) > position.offset:
+            return Node(f"{where}: past the topic's retention", {"gone": True})
+        for record in self._bus.read(
+            position.topic, position.partition, position.offset, position.offset
+        ):
+            return Node(f"{where}: {_show(record.value())}", {"value": _show(record.value())})
+        return Node(f"{where}: not on the bus", {"gone": True})
+
+
+def _windows_in(files: list[str]) -> tuple[int, set[str], list[common_pb2.OffsetRange]]:
+    """(windows, entities, merged clean ranges per partition) of the offline-store files."""
+    import pyarrow.parquet as pq
+
+    windows = 0
+    entities: set[str] = set()
+    merged: dict[tuple[str, int], common_pb2.OffsetRange] = {}
+    for path in files:
+        schema = pq.read_schema(path)
+        if "sources" not in schema.names:
+            continue
+        table = pq.read_table(path, columns=["entity_id", "sources"])
+        for entity, sources in zip(
+            table.column("entity_id").to_pylist(), table.column("sources").to_pylist(), strict=True
+        ):
+            windows += 1
+            entities.add(entity)
+            for source in sources or ():
+                key = (source["topic"], source["partition"])
+                span = merged.get(key)
+                if span is None:
+                    merged[key] = common_pb2.OffsetRange(**source)
+                else:
+                    span.min_offset = min(span.min_offset, source["min_offset"])
+                    span.max_offset = max(span.max_offset, source["max_offset"])
+                    span.count += source["count"]
+    return windows, entities, [merged[key] for key in sorted(merged)]
+
+
+def _range_text(span: common_pb2.OffsetRange) -> str:
+    offsets = f"{span.min_offset}..{span.max_offset}"
+    return f"{span.topic}[{span.partition}] offsets {offsets} ({span.count})"
+
+
+def _param(value: common_pb2.ParamValue) -> str:
+    kind = value.WhichOneof("kind")
+    return str(getattr(value, kind)) if kind else "?"
+
+
+def _show(value: bytes | None, limit: int = 160) -> str:
+    if value is None:
+        return "(no value)"
+    try:
+        text = value.decode()
+    except UnicodeDecodeError:
+        return f"{len(value)} bytes (binary, e.g. a RawEvent)"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
