@@ -8,8 +8,11 @@ measured one at a time:
 
 * aistack batched: ``python -m svc_model`` as deployed, dynamic batching on
   (the default: up to 64 rows, no queue delay), the model from a ModelReady
-  event on a topic of this run's own.
-* aistack unbatched: the same with ``AISTACK_MODEL_BATCHING=false``.
+  event on a topic of this run's own, and the prediction log on for every
+  request (``AISTACK_MODEL_PREDICTION_LOG_TENSOR_FRACTION=1``: its cost at
+  its worst; the default logs a tenth) to a topic of this run's own.
+* aistack batched log-off: the same with the prediction log off (at C=16 only).
+* aistack unbatched: aistack batched with ``AISTACK_MODEL_BATCHING=false``.
 * kserve: KServe's ``ModelServer`` (bench.serving_kserve: a ``kserve.Model``
   with a synchronous ``predict``, one worker) on its v2 gRPC endpoint.
 * in-process: the exported module called directly on the numpy image, in one
@@ -54,6 +57,12 @@ always better:
     batched_p99_vs_unbatched_c16: ratio R (goal 0.67)
         unbatched p99 over batched p99 at C=16; R >= 0.67 means batching
         costs the tail at most 1.5x.
+    prediction_log_cost: ratio R (goal 0.95)
+        aistack batched (log on, every request) over aistack batched
+        log-off, throughput at C=16; with the records logged and dropped.
+
+``--ratios`` picks some of these lines: only the configurations they need
+are started and measured.
 
 Needs a broker: ``aistack infra up`` (Kafka, and Redis for svc_model's online
 features).
@@ -76,6 +85,7 @@ from bench.harness import print_ratio, round_order
 from bench.serving_callers import Worker, client_main, floor_main
 from bench.serving_servers import (
     AISTACK_BATCHED,
+    AISTACK_LOG_OFF,
     AISTACK_UNBATCHED,
     KSERVE,
     Exported,
@@ -96,6 +106,7 @@ GOAL_VS_KSERVE = 1.5
 GOAL_P50_OVERHEAD = 1.0
 GOAL_BATCHED = 2.0
 GOAL_BATCHED_P99 = 0.67
+GOAL_PREDICTION_LOG = 0.95
 OVERHEAD_BUDGET_MS = 1.0
 OVERHEAD_FLOOR_MS = 0.01
 CONCURRENCY = (1, 16)
@@ -103,7 +114,24 @@ CLIENT_PROCESSES = 4
 START_TIMEOUT = 180.0
 
 IN_PROCESS = "in-process"
-TARGETS = (AISTACK_BATCHED, AISTACK_UNBATCHED, KSERVE, IN_PROCESS)
+TARGETS = (AISTACK_BATCHED, AISTACK_LOG_OFF, AISTACK_UNBATCHED, KSERVE, IN_PROCESS)
+AISTACK_TARGETS = (AISTACK_BATCHED, AISTACK_LOG_OFF, AISTACK_UNBATCHED)
+
+Config = tuple[str, int]
+#: The configurations each ratio line compares.
+RATIOS: dict[str, tuple[Config, Config]] = {
+    "aistack_vs_kserve_c16": ((AISTACK_BATCHED, 16), (KSERVE, 16)),
+    "p50_overhead_c1": ((AISTACK_BATCHED, 1), (IN_PROCESS, 1)),
+    "batched_vs_unbatched_c16": ((AISTACK_BATCHED, 16), (AISTACK_UNBATCHED, 16)),
+    "batched_p99_vs_unbatched_c16": ((AISTACK_BATCHED, 16), (AISTACK_UNBATCHED, 16)),
+    "prediction_log_cost": ((AISTACK_BATCHED, 16), (AISTACK_LOG_OFF, 16)),
+}
+
+
+def configs_for(ratios: list[str]) -> list[Config]:
+    """What the ``ratios`` lines need measured, in the bench's usual order."""
+    wanted = {config for name in ratios for config in RATIOS[name]}
+    return [(target, c) for c in CONCURRENCY for target in TARGETS if (target, c) in wanted]
 
 
 def stop_all(processes: list[Worker | Server], grace: float = 15.0) -> None:
@@ -147,7 +175,7 @@ class Bench:
     def __init__(
         self,
         clients: list[Worker],
-        floor: Worker,
+        floor: Worker | None,
         servers: dict[str, Server],
         images: np.ndarray,
         warmup: float,
@@ -162,6 +190,7 @@ class Bench:
         end_at = warm_at + self.duration
         timeout = self.warmup + self.duration + 60
         if target == IN_PROCESS:
+            assert self.floor is not None
             self.floor.send("run", "", concurrency, warm_at, end_at, self.images)
             return summarise([self.floor.answer(timeout)], self.duration)
         server = self.servers[target]
@@ -187,9 +216,8 @@ def _split(total: int, processes: int) -> list[int]:
     )
 
 
-def best_of(bench: Bench, rounds: int) -> dict[tuple[str, int], Result]:
-    configs = [(target, c) for c in CONCURRENCY for target in TARGETS]
-    best: dict[tuple[str, int], Result] = {}
+def best_of(bench: Bench, rounds: int, configs: list[Config]) -> dict[Config, Result]:
+    best: dict[Config, Result] = {}
     for round_number in range(rounds):
         for config in round_order(configs, round_number):
             result = bench.measure(*config)
@@ -210,31 +238,41 @@ def line(target: str, concurrency: int, result: Result) -> str:
     return text
 
 
-def report(best: dict[tuple[str, int], Result]) -> None:
-    for concurrency in CONCURRENCY:
-        for target in TARGETS:
-            print(line(target, concurrency, best[(target, concurrency)]))
-    batched, unbatched = best[(AISTACK_BATCHED, 16)], best[(AISTACK_UNBATCHED, 16)]
-    kserve = best[(KSERVE, 16)]
-    overhead = best[(AISTACK_BATCHED, 1)].p50_ms - best[(IN_PROCESS, 1)].p50_ms
-    print(f"p50 overhead over in-process at c1: {overhead:.2f} ms")
-    print_ratio("aistack_vs_kserve_c16", batched.throughput / kserve.throughput, GOAL_VS_KSERVE)
-    print_ratio(
-        "p50_overhead_c1", OVERHEAD_BUDGET_MS / max(overhead, OVERHEAD_FLOOR_MS), GOAL_P50_OVERHEAD
-    )
-    # Batching on against off: both are svc_model.
-    print_ratio(
-        "batched_vs_unbatched_c16",
-        batched.throughput / unbatched.throughput,
-        GOAL_BATCHED,
-        itself=True,
-    )
-    print_ratio(
-        "batched_p99_vs_unbatched_c16",
-        unbatched.p99_ms / batched.p99_ms,
-        GOAL_BATCHED_P99,
-        itself=True,
-    )
+def report(best: dict[Config, Result], ratios: list[str], log: tuple[float, float]) -> None:
+    """A line per configuration measured, then the ``ratios`` lines."""
+    for config in best:
+        print(line(*config, best[config]))
+    if "p50_overhead_c1" in ratios:
+        overhead = best[(AISTACK_BATCHED, 1)].p50_ms - best[(IN_PROCESS, 1)].p50_ms
+        print(f"p50 overhead over in-process at c1: {overhead:.2f} ms")
+    if "prediction_log_cost" in ratios:
+        logged, dropped = log
+        print(f"prediction log ({AISTACK_BATCHED}): {logged:,.0f} logged, {dropped:,.0f} dropped")
+    for name in ratios:
+        print_figure(name, best)
+
+
+def print_figure(name: str, best: dict[Config, Result]) -> None:
+    batched = best[(AISTACK_BATCHED, 16)] if (AISTACK_BATCHED, 16) in best else None
+    if name == "aistack_vs_kserve_c16":
+        assert batched is not None
+        print_ratio(name, batched.throughput / best[(KSERVE, 16)].throughput, GOAL_VS_KSERVE)
+    elif name == "p50_overhead_c1":
+        overhead = best[(AISTACK_BATCHED, 1)].p50_ms - best[(IN_PROCESS, 1)].p50_ms
+        print_ratio(name, OVERHEAD_BUDGET_MS / max(overhead, OVERHEAD_FLOOR_MS), GOAL_P50_OVERHEAD)
+    elif name == "batched_vs_unbatched_c16":
+        # Batching on against off: both are svc_model.
+        assert batched is not None
+        unbatched = best[(AISTACK_UNBATCHED, 16)]
+        print_ratio(name, batched.throughput / unbatched.throughput, GOAL_BATCHED, itself=True)
+    elif name == "batched_p99_vs_unbatched_c16":
+        assert batched is not None
+        unbatched = best[(AISTACK_UNBATCHED, 16)]
+        print_ratio(name, unbatched.p99_ms / batched.p99_ms, GOAL_BATCHED_P99, itself=True)
+    elif name == "prediction_log_cost":
+        assert batched is not None
+        off = best[(AISTACK_LOG_OFF, 16)]
+        print_ratio(name, batched.throughput / off.throughput, GOAL_PREDICTION_LOG, itself=True)
 
 
 def check(clients: list[Worker], servers: dict[str, Server], exported: Exported) -> None:
@@ -257,29 +295,45 @@ def main() -> int:
     parser.add_argument(
         "--threads", type=int, default=0, help="torch threads in every server (0: its default)"
     )
+    parser.add_argument(
+        "--ratios",
+        default=",".join(RATIOS),
+        help=f"comma-separated lines to measure for (default all: {', '.join(RATIOS)})",
+    )
     args = parser.parse_args()
+    ratios = [name.strip() for name in args.ratios.split(",") if name.strip()]
+    unknown = sorted(set(ratios) - set(RATIOS))
+    if unknown or not ratios:
+        parser.error(f"--ratios: unknown {unknown}; expected some of {', '.join(RATIOS)}")
+    configs = configs_for(ratios)
+    targets = {target for target, _ in configs}
     from shared.errors import AistackError
 
     suffix = uuid.uuid4().hex[:8]
-    topics = (f"bench-models-{suffix}", f"bench-dlq-{suffix}")
+    topics = (f"bench-models-{suffix}", f"bench-dlq-{suffix}", f"bench-predictions-{suffix}")
     workers: list[Worker] = []
     servers: dict[str, Server] = {}
     with tempfile.TemporaryDirectory(prefix="aistack-bench-") as tmp:
         state = Path(tmp)
         try:
             # What needs no model starts first: its imports overlap with the export.
-            servers[KSERVE] = start_kserve(state, args.threads)
+            if KSERVE in targets:
+                servers[KSERVE] = start_kserve(state, args.threads)
             clients = [Worker(client_main) for _ in range(CLIENT_PROCESSES)]
             workers.extend(clients)
-            floor = Worker(floor_main, args.threads)
-            workers.append(floor)
+            floor = Worker(floor_main, args.threads) if IN_PROCESS in targets else None
+            if floor is not None:
+                workers.append(floor)
             exported = export_model(state / "export")
-            servers[KSERVE].give_model(exported.path)
-            floor.send("load", str(exported.path))
+            if KSERVE in targets:
+                servers[KSERVE].give_model(exported.path)
+            if floor is not None:
+                floor.send("load", str(exported.path))
             # svc_model finds the model on start-up, replaying the topic.
             publish_model(topics, exported)
-            servers[AISTACK_BATCHED] = start_aistack(True, topics, state, args.threads)
-            servers[AISTACK_UNBATCHED] = start_aistack(False, topics, state, args.threads)
+            for name in AISTACK_TARGETS:
+                if name in targets:
+                    servers[name] = start_aistack(name, topics, state, args.threads)
             for worker in workers:
                 if worker is not floor:
                     worker.send("ping", "")
@@ -293,7 +347,8 @@ def main() -> int:
                 f"{args.threads or 'default'}, {args.rounds} rounds of {args.warmup:g} s "
                 f"warm-up + {args.duration:g} s, best round:"
             )
-            best = best_of(bench, args.rounds)
+            best = best_of(bench, args.rounds, configs)
+            log = servers[AISTACK_BATCHED].logged() if AISTACK_BATCHED in servers else (0.0, 0.0)
         except (RuntimeError, AistackError) as exc:  # AistackError: no broker, mostly
             print(f"serving: {exc}", file=sys.stderr)
             for server in servers.values():
@@ -301,7 +356,7 @@ def main() -> int:
             return 1
         finally:
             stop_all([*workers, *servers.values()])
-    report(best)
+    report(best, ratios, log)
     return 0
 
 

@@ -33,6 +33,7 @@ from shared.ports import free_port
 
 AISTACK_BATCHED = "aistack batched"
 AISTACK_UNBATCHED = "aistack unbatched"
+AISTACK_LOG_OFF = "aistack batched log-off"
 KSERVE = "kserve"
 
 
@@ -68,19 +69,26 @@ def export_model(directory: Path) -> Exported:
     return Exported(directory, path, sha, size, images, expected)
 
 
-def publish_model(topics: tuple[str, str], exported: Exported) -> None:
+def publish_model(topics: tuple[str, str, str], exported: Exported) -> None:
     """The ModelReady event svc_trainer would publish, on this run's own topic."""
     from shared.bus.producer import BusProducer
-    from shared.bus.topics import EVENTS_DLQ, MODELS_READY, TOPICS_BY_NAME, ensure_topics
+    from shared.bus.topics import (
+        EVENTS_DLQ,
+        MODELS_READY,
+        PREDICTIONS,
+        TOPICS_BY_NAME,
+        ensure_topics,
+    )
     from shared.contracts.aistack.v1 import common_pb2, models_pb2
 
     kafka = kafka_settings()
-    models_topic, dlq_topic = topics
+    models_topic, dlq_topic, predictions_topic = topics
     ensure_topics(
         kafka,
         [
             TOPICS_BY_NAME[MODELS_READY].named(models_topic),
             TOPICS_BY_NAME[EVENTS_DLQ].named(dlq_topic),
+            TOPICS_BY_NAME[PREDICTIONS].named(predictions_topic),
         ],
     )
     ready = models_pb2.ModelReady(
@@ -130,6 +138,16 @@ class Server:
             time.sleep(0.2)
         raise RuntimeError(f"{self.name}: nothing listens on {self.port} after {timeout} s")
 
+    def logged(self) -> tuple[float, float]:
+        """(records logged, records dropped) so far by svc_model's prediction log."""
+        logged = read_metric(self.metrics_port, "aistack_model_predictions_logged_total")
+        text = "aistack_model_prediction_log_dropped_total"
+        dropped = sum(
+            read_metric(self.metrics_port, f'{text}{{reason="{reason}"}}')
+            for reason in ("queue_full", "delivery_failed", "unencodable")
+        )
+        return logged, dropped
+
     def mean_batch(self) -> tuple[float, float]:
         """(rows, executions) so far, off svc_model's batch-size histogram."""
         rows = read_metric(self.metrics_port, f'aistack_model_batch_size_sum{{model="{MODEL}"}}')
@@ -169,9 +187,13 @@ def _start(
     return Server(name, port, process, log, _handle=handle)
 
 
-def start_aistack(batching: bool, topics: tuple[str, str], state: Path, threads: int) -> Server:
+def start_aistack(name: str, topics: tuple[str, str, str], state: Path, threads: int) -> Server:
+    """svc_model as ``name`` says: batched or not, and the prediction log on
+    for every request (the worst case of its cost; this run's own topic) or
+    off (``AISTACK_LOG_OFF``)."""
     port, metrics_port = free_port(), free_port()
-    name = AISTACK_BATCHED if batching else AISTACK_UNBATCHED
+    batching = name != AISTACK_UNBATCHED
+    log_fraction = "0" if name == AISTACK_LOG_OFF else "1.0"
     directory = state / name.replace(" ", "-")
     directory.mkdir()
     env = child_env(
@@ -184,6 +206,9 @@ def start_aistack(batching: bool, topics: tuple[str, str], state: Path, threads:
             "AISTACK_MODEL_METRICS_PORT": str(metrics_port),
             "AISTACK_MODEL_BATCHING": "true" if batching else "false",
             "AISTACK_MODEL_INTRA_OP_THREADS": str(threads),
+            "AISTACK_MODEL_PREDICTION_LOG_TOPIC": topics[2],
+            "AISTACK_MODEL_PREDICTION_LOG_TENSOR_FRACTION": log_fraction,
+            "AISTACK_MODEL_PREDICTION_LOG_ENTITY_FRACTION": log_fraction,
         },
         kafka=kafka_settings(),
         redis=redis_settings(),

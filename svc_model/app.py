@@ -17,10 +17,12 @@ from shared.bus.topics import ensure_topics
 from shared.log import get_logger
 from shared.redis_client import make_async_redis
 from shared.rpc.server import RunningServer, start_server
+from shared.settings import KafkaSettings
 from svc_model.features import OnlineFeatures
 from svc_model.inference import InferenceCore
 from svc_model.loading import Loader
 from svc_model.metrics import ModelMetrics
+from svc_model.prediction_log import PredictionLog, Sampler
 from svc_model.registry import SERVICE, RegistryFollower
 from svc_model.servicer import SERVICE_NAME, register
 from svc_model.settings import ModelSettings
@@ -37,6 +39,7 @@ class ModelServer:
     features: OnlineFeatures
     producer: BusProducer
     pools: tuple[ThreadPoolExecutor, ...]
+    prediction_log: PredictionLog | None = None
 
     @property
     def port(self) -> int:
@@ -44,14 +47,24 @@ class ModelServer:
 
     @classmethod
     async def start(
-        cls, settings: ModelSettings, registry: CollectorRegistry = REGISTRY
+        cls,
+        settings: ModelSettings,
+        registry: CollectorRegistry = REGISTRY,
+        *,
+        prediction_log_kafka: KafkaSettings | None = None,
     ) -> ModelServer:
-        """Raises ConfigError (a bad address, TLS files), Unavailable (no broker)."""
+        """``prediction_log_kafka``: the prediction log's broker when it is not
+        ``settings.kafka`` (tests point it at one that is not there).
+
+        Raises ConfigError (a bad address, TLS files), Unavailable (no broker)."""
         ensure_topics(settings.kafka, settings.topic_specs())
         metrics = ModelMetrics.create(registry)
         loading_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="model-load")
         features = OnlineFeatures(make_async_redis(settings.redis), settings.online_key_prefix)
-        core = InferenceCore(settings, Loader(settings, metrics), loading_pool, metrics, features)
+        prediction_log = _prediction_log(settings, metrics, prediction_log_kafka)
+        core = InferenceCore(
+            settings, Loader(settings, metrics), loading_pool, metrics, features, prediction_log
+        )
         producer = BusProducer(settings.kafka, source=SERVICE)
         follower = RegistryFollower(settings, core, producer, metrics.dead_letters)
         await follower.start()
@@ -65,6 +78,7 @@ class ModelServer:
             features=features,
             producer=producer,
             pools=(loading_pool,),
+            prediction_log=prediction_log,
         )
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -72,7 +86,27 @@ class ModelServer:
         await self.server.stop(grace)
         await self.follower.stop()
         await self.features.close()
+        if self.prediction_log is not None:
+            # Bounded by the grace: a broker away must not hold the shutdown.
+            self.prediction_log.close(timeout=grace)
         self.producer.close()
         for pool in self.pools:
             pool.shutdown(wait=False, cancel_futures=True)
         log.info("model_server.stopped")
+
+
+def _prediction_log(
+    settings: ModelSettings, metrics: ModelMetrics, kafka: KafkaSettings | None
+) -> PredictionLog | None:
+    if not settings.prediction_log_on():
+        return None
+    prediction_log = PredictionLog.to_kafka(
+        kafka or settings.kafka,
+        settings.prediction_log_topic,
+        Sampler(settings.prediction_log_entity_fraction, settings.prediction_log_tensor_fraction),
+        capacity=settings.prediction_log_queue,
+        logged=metrics.predictions_logged,
+        dropped=metrics.prediction_log_dropped,
+    )
+    prediction_log.start()
+    return prediction_log

@@ -52,11 +52,12 @@ class OnlineFeatures:
         self._client = client
         self._prefix = key_prefix
 
-    async def row(self, entity_id: str, field: str, width: int) -> NDArray[np.float32]:
-        """The entity's latest window of ``field`` as one row of ``width`` features.
+    async def window(self, entity_id: str, field: str) -> FeatureWindow:
+        """The entity's latest window of ``field`` (``feature_row`` makes it a
+        model's input row; its key and sources go to the prediction log).
 
         Raises InvalidArgument (empty ids), NotFound (no such entity or window),
-        FailedPrecondition (a model the store cannot feed), Unavailable (Redis)."""
+        FailedPrecondition (bytes that are not a window), Unavailable (Redis)."""
         if not entity_id:
             raise InvalidArgument(f"parameter {ENTITY_PARAMETER!r} is empty")
         if not field:
@@ -76,7 +77,7 @@ class OnlineFeatures:
             window = decode_window(cast(bytes, raw))
         except FailedPrecondition as exc:
             raise FailedPrecondition(f"window {field!r} of {entity_id!r}: {exc}") from exc
-        return feature_row(window, width, field)
+        return window
 
     async def close(self) -> None:
         await self._client.aclose()

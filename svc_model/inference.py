@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from shared.contracts.aistack.v1 import models_pb2
+from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
 from shared.contracts.inference import grpc_predict_v2_pb2 as pb
 from shared.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from shared.log import get_logger
@@ -24,9 +25,10 @@ from shared.model_loading import ArtifactRejected
 from shared.objective import version_number
 from shared.rpc.errors import status_for
 from svc_model import features as entity
-from svc_model.features import OnlineFeatures
+from svc_model.features import OnlineFeatures, feature_row
 from svc_model.loading import Loaded, Loader
 from svc_model.metrics import ModelMetrics
+from svc_model.prediction_log import Prediction, PredictionLog
 from svc_model.repository import IndexEntry, Repository, Served
 from svc_model.settings import ModelSettings
 from svc_model.tensors import batch_rows, decode_inputs, encode_outputs
@@ -37,6 +39,9 @@ SERVER_NAME = "aistack"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ("model_repository", "binary_tensor_data", "parameters", "entity_features")
 UNKNOWN_MODEL_LABEL = "_unknown"
+#: The response parameter that carries the request id (the client's, or the
+#: one the server assigned): the id the prediction log knows the request by.
+REQUEST_ID_PARAMETER = "request_id"
 
 Rejected = Callable[[models_pb2.ModelReady, ArtifactRejected], None]
 
@@ -49,6 +54,7 @@ class InferenceCore:
         loading_executor: Executor,
         metrics: ModelMetrics,
         features: OnlineFeatures | None = None,
+        prediction_log: PredictionLog | None = None,
     ) -> None:
         self.settings = settings
         self.repository = Repository(settings.policy, settings.keep_versions)
@@ -56,6 +62,7 @@ class InferenceCore:
         self._loading = loading_executor
         self._metrics = metrics
         self._features = features
+        self._prediction_log = prediction_log
         self._in_flight = 0
         self.replayed = asyncio.Event()
         self.on_rejected: Rejected = lambda event, error: None
@@ -215,7 +222,7 @@ class InferenceCore:
         started = time.perf_counter()
         code = "OK"
         try:
-            return await self._infer(request)
+            return await self._infer(request, started)
         except Exception as exc:
             code = status_for(exc).name
             raise
@@ -233,7 +240,7 @@ class InferenceCore:
         name = request.model_name
         return name if name in self.repository.names() else UNKNOWN_MODEL_LABEL
 
-    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    async def _infer(self, request: pb.ModelInferRequest, started: float) -> pb.ModelInferResponse:
         served = self.repository.resolve(request.model_name, request.model_version)
         loaded: Loaded = served.executor
         runner = loaded.runner
@@ -244,12 +251,20 @@ class InferenceCore:
                     f"unknown output {wanted.name!r}: model {served.name!r} has "
                     f"{sorted(known_outputs)}"
                 )
-        arrays = await self._inputs(request, served)
+        by_entity = entity.ENTITY_PARAMETER in request.parameters
+        window: FeatureWindow | None = None
+        if by_entity:
+            entity_id, window, arrays = await self._entity_inputs(request, served)
+        else:
+            entity_id, arrays = "", decode_inputs(request, runner.inputs)
         rows = batch_rows(arrays) if runner.batched else 1
         outputs = await loaded.batcher.submit(arrays, rows)
+        request_id = request.id or uuid.uuid4().hex
+        version = str(served.version)
         response = pb.ModelInferResponse(
-            model_name=served.name, model_version=str(served.version), id=request.id
+            model_name=served.name, model_version=version, id=request_id
         )
+        response.parameters[REQUEST_ID_PARAMETER].string_param = request_id
         encode_outputs(
             outputs,
             runner.outputs,
@@ -257,18 +272,30 @@ class InferenceCore:
             response,
             raw=bool(request.raw_input_contents),
         )
+        prediction_log = self._prediction_log
+        if prediction_log is not None and prediction_log.sampled(by_entity):
+            # References only: the log's thread builds the record.
+            prediction_log.offer(
+                Prediction(
+                    request_id=request_id,
+                    model_name=served.name,
+                    model_version=version,
+                    served_ns=time.time_ns(),
+                    latency_us=int((time.perf_counter() - started) * 1e6),
+                    outputs=outputs,
+                    output_names=tuple(tensor.name for tensor in response.outputs),
+                    entity_id=entity_id,
+                    window=window,
+                    tensors=() if by_entity else request.inputs,
+                    arrays=None if by_entity else arrays,
+                )
+            )
         return response
-
-    async def _inputs(self, request: pb.ModelInferRequest, served: Served) -> dict[str, Any]:
-        parameters = request.parameters
-        if entity.ENTITY_PARAMETER not in parameters:
-            runner = served.executor.runner
-            return decode_inputs(request, runner.inputs)
-        return await self._entity_inputs(request, served)
 
     async def _entity_inputs(
         self, request: pb.ModelInferRequest, served: Served
-    ) -> dict[str, NDArray[np.float32]]:
+    ) -> tuple[str, FeatureWindow, dict[str, NDArray[np.float32]]]:
+        """The entity, the window read for it, and the model's input from it."""
         runner = served.executor.runner
         if request.inputs or request.raw_input_contents:
             raise InvalidArgument(
@@ -290,8 +317,9 @@ class InferenceCore:
             raise FailedPrecondition(f"model {served.name!r} input {sig.name!r} is not FP32 rows")
         if self._features is None:
             raise FailedPrecondition("this server has no online store configured")
-        row = await self._features.row(entity_id, field, sig.shape[1])
-        return {sig.name: row[np.newaxis, :]}
+        window = await self._features.window(entity_id, field)
+        row = feature_row(window, sig.shape[1], field)
+        return entity_id, window, {sig.name: row[np.newaxis, :]}
 
 
 def _string_parameter(request: pb.ModelInferRequest, name: str) -> str:

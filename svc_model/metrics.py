@@ -29,6 +29,8 @@ class ModelMetrics:
     loads: Counter
     load_failures: Counter
     dead_letters: Counter
+    predictions_logged: Counter
+    prediction_log_dropped: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> ModelMetrics:
@@ -71,5 +73,16 @@ class ModelMetrics:
             ),
             dead_letters=counter(
                 "dead_letters", "Records of the models topic dead-lettered", ("reason",)
+            ),
+            predictions_logged=counter(
+                "predictions_logged",
+                "Prediction-log records handed to the producer (later delivery failures "
+                "also count as dropped)",
+                (),
+            ),
+            prediction_log_dropped=counter(
+                "prediction_log_dropped",
+                "Prediction-log records dropped, by reason (queue_full, delivery_failed, ...)",
+                ("reason",),
             ),
         )

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from shared.bus.topics import EVENTS_DLQ, MODELS_READY, TOPICS_BY_NAME, TopicSpec
+from shared.bus.topics import EVENTS_DLQ, MODELS_READY, PREDICTIONS, TOPICS_BY_NAME, TopicSpec
 from shared.feature_store import ONLINE_KEY_PREFIX
 from shared.rpc.settings import GrpcServerSettings
 
@@ -46,12 +46,26 @@ class ModelSettings(GrpcServerSettings):
     # How long start-up waits to replay the models topic before giving up.
     replay_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
     metrics_port: int = Field(default=9106, ge=0, le=65535)
+    # The prediction log: the share of requests logged, by entity and with
+    # tensors (0 turns that kind off; both 0, the log is off).
+    prediction_log_topic: str = PREDICTIONS
+    prediction_log_entity_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
+    prediction_log_tensor_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
+    # Records waiting to be sent beyond which new ones are dropped (counted),
+    # so that a broker away costs bounded memory and never a request.
+    prediction_log_queue: int = Field(default=100_000, ge=1, le=10_000_000)
 
     def cache_dir(self) -> Path:
         return self.artifact_cache_dir or self.common.state_dir / "model-cache"
 
+    def prediction_log_on(self) -> bool:
+        return self.prediction_log_entity_fraction > 0 or self.prediction_log_tensor_fraction > 0
+
     def topic_specs(self) -> list[TopicSpec]:
-        return [
+        specs = [
             TOPICS_BY_NAME[MODELS_READY].named(self.models_topic),
             TOPICS_BY_NAME[EVENTS_DLQ].named(self.dlq_topic),
         ]
+        if self.prediction_log_on():
+            specs.append(TOPICS_BY_NAME[PREDICTIONS].named(self.prediction_log_topic))
+        return specs

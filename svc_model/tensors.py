@@ -203,6 +203,16 @@ def encode_outputs(
             _to_typed(sig.name, codec, array, tensor.contents)
 
 
+def raw_bytes(name: str, datatype: str, array: NDArray[Any]) -> bytes:
+    """``array`` in the protocol's raw encoding for ``datatype`` (what
+    ``raw_input_contents`` would carry). Raises SignatureMismatch for a
+    datatype that is not the protocol's, or BYTES elements that are not bytes."""
+    codec = _CODECS.get(datatype)
+    if codec is None:
+        raise SignatureMismatch(f"tensor {name!r}: {datatype} is not a protocol datatype")
+    return _to_raw(name, codec, array)
+
+
 def batch_rows(arrays: Mapping[str, NDArray[Any]]) -> int:
     """The size of the batch (first) dimension, which every array shares.
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
+from google.protobuf import json_format
 
 from shared import model_loading
 from shared.contracts.aistack.v1 import models_pb2
@@ -137,6 +138,9 @@ def score(
             "columns": list(chosen.columns),
             "where": where,
             "rows": rows,
+            # How the model came to be: study, trial, parameters, training files.
+            "model_lineage": json_format.MessageToDict(event.lineage),
+            "files": files_lineage(staging),
         }
         if publish_to is not None:
             layout = Layout.of(chosen, types)
@@ -188,6 +192,30 @@ def _python_error(exc: BaseException) -> str:
 def _rows(spark: SparkSession, path: Path) -> int:
     # Parquet footers hold the row counts: this reads no data.
     return int(spark.read.parquet(str(path)).count())
+
+
+def files_lineage(output: Path) -> dict[str, dict[str, Any]]:
+    """Per Parquet file of ``output``: its rows and, where the rows carry
+    their windows' ``sources``, the clean-event offsets under them, merged
+    per partition (min, max, count)."""
+    import pyarrow.parquet as pq
+
+    lineage: dict[str, dict[str, Any]] = {}
+    for path in sorted(output.glob("*.parquet")):
+        names = pq.read_schema(path).names
+        entry: dict[str, Any] = {"rows": pq.read_metadata(path).num_rows}
+        if "sources" in names:
+            merged: dict[tuple[str, int], dict[str, Any]] = {}
+            for sources in pq.read_table(path, columns=["sources"]).column(0).to_pylist():
+                for source in sources or ():
+                    key = (source["topic"], source["partition"])
+                    span = merged.setdefault(key, {**source, "count": 0})
+                    span["min_offset"] = min(span["min_offset"], source["min_offset"])
+                    span["max_offset"] = max(span["max_offset"], source["max_offset"])
+                    span["count"] += source["count"]
+            entry["sources"] = [merged[key] for key in sorted(merged)]
+        lineage[path.name] = entry
+    return lineage
 
 
 def input_digest(files: list[str]) -> str:

@@ -17,8 +17,10 @@ from shared.feature_store import FEATURE_STATS
 from shared.model_loading import NUMPY_TYPES
 from shared.objective import champion, version_number
 
-#: The columns that say which row a prediction is for, kept where the input has them.
-KEY_COLUMNS = ("entity_id", "window_start", "window_end", "window_key")
+#: The columns that say which row a prediction is for, kept where the input
+#: has them; ``sources`` (the offline store's clean-event offsets under each
+#: window) carries the row's lineage.
+KEY_COLUMNS = ("entity_id", "window_start", "window_end", "window_key", "sources")
 #: The output's columns naming the model that scored each row.
 MODEL_COLUMNS = ("model_name", "model_version")
 

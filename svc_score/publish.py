@@ -77,7 +77,10 @@ def messages(
             value = values[key]
             if value is None:
                 continue
-            if key in ("window_start", "window_end"):
+            if key == "sources":
+                for source in value:
+                    message.window_sources.add(**source)
+            elif key in ("window_start", "window_end"):
                 if key in layout.timestamp_keys:
                     getattr(message, key).FromDatetime(value)
             else:

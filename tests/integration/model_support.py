@@ -149,6 +149,7 @@ def settings(infra: Infra, tmp: Path, unique: str, **overrides: Any) -> ModelSet
         "grpc_address": "127.0.0.1:0",
         "models_topic": f"models-{unique}",
         "dlq_topic": f"dlq-{unique}",
+        "prediction_log_topic": f"predictions-{unique}",
         "artifact_cache_dir": tmp / f"cache-{unique}",
         "metrics_port": 0,
         "kafka": infra.kafka,
@@ -162,13 +163,14 @@ def settings(infra: Infra, tmp: Path, unique: str, **overrides: Any) -> ModelSet
 class ServerThread:
     """A ModelServer on an event loop in a thread of this process."""
 
-    def __init__(self, settings: ModelSettings) -> None:
+    def __init__(self, settings: ModelSettings, **start: Any) -> None:
+        """``start``: ModelServer.start's keyword options."""
         self.settings = settings
         self.registry = CollectorRegistry()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self.server: ModelServer = self.call(ModelServer.start(settings, self.registry))
+        self.server: ModelServer = self.call(ModelServer.start(settings, self.registry, **start))
         self.address = f"127.0.0.1:{self.server.port}"
 
     def call(self, coroutine: Any, timeout: float = 120) -> Any:

@@ -179,6 +179,7 @@ def test_the_response_echoes_the_request_id_and_mirrors_raw_contents(
     typed.id = "req-42"
     response = stub.ModelInfer(typed)
     assert response.id == "req-42"
+    assert response.parameters["request_id"].string_param == "req-42"
     assert response.outputs[0].contents.fp32_contents and not response.raw_output_contents
     raw = ms.infer_request(MODEL, ms.digits(2), raw=True)
     response = stub.ModelInfer(raw)

@@ -42,6 +42,16 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ms.Artifact
     return {ms.TORCH: ms.export_torch(root / "torch"), ms.TF: ms.export_tf(root / "tf")}
 
 
+def source(row: int) -> dict[str, Any]:
+    return {
+        "topic": "aistack.events.clean",
+        "partition": row % 2,
+        "min_offset": 10 * row,
+        "max_offset": 10 * row + 5,
+        "count": 3,
+    }
+
+
 @pytest.fixture(scope="module")
 def digits_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
     """A Parquet file of digit images flattened into 64 columns, with keys."""
@@ -50,6 +60,8 @@ def digits_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndar
         "entity_id": [f"e{i:03d}" for i in range(ROWS)],
         "window_start": pa.array(np.arange(ROWS, dtype="int64") * 60_000, pa.timestamp("ms")),
         "label": ["ignored"] * ROWS,
+        # The offline store's lineage column: each window's clean events.
+        "sources": [[source(i)] for i in range(ROWS)],
     }
     flat = x.reshape(ROWS, 64)
     columns.update({name: flat[:, i] for i, name in enumerate(COLUMNS)})
@@ -68,11 +80,15 @@ def registry(
     server_settings = ms.settings(infra, tmp, uuid.uuid4().hex[:12])
     ensure_topics(server_settings.kafka, server_settings.topic_specs())
     tampered = artifacts[ms.TORCH].copy_to(tmp / "tampered")
+    torch_v1 = ms.event(MODELS[ms.TORCH], 1, artifacts[ms.TORCH], val_error=0.1)
+    tf_v1 = ms.event(MODELS[ms.TF], 1, artifacts[ms.TF])
+    for first in (torch_v1, tf_v1):
+        first.lineage.study_id = "study"
     ms.publish(
         infra,
         server_settings.models_topic,
-        ms.event(MODELS[ms.TORCH], 1, artifacts[ms.TORCH], val_error=0.1),
-        ms.event(MODELS[ms.TF], 1, artifacts[ms.TF]),
+        torch_v1,
+        tf_v1,
         # Worse than version 1: the champion stays 1 (svc_model refuses version 2).
         ms.event(MODELS[ms.TORCH], 2, tampered, val_error=0.5),
     )
@@ -113,9 +129,10 @@ def test_spark_scores_each_row_as_svc_model_serves_it(
     assert scored.rows == ROWS
     table = pq.read_table(output).to_pydict()
     assert set(table) == {
-        "entity_id", "window_start", "probabilities", "model_name", "model_version",
+        "entity_id", "window_start", "sources", "probabilities", "model_name", "model_version",
     }  # fmt: skip
     order = np.argsort(table["entity_id"])
+    assert [table["sources"][i] for i in order] == [[source(i)] for i in range(ROWS)]
     got = np.asarray(table["probabilities"], dtype=np.float32)[order]
     np.testing.assert_allclose(got, served(server, name, x), rtol=1e-5, atol=1e-6)
     assert set(table["model_name"]) == {name}
@@ -126,6 +143,17 @@ def test_spark_scores_each_row_as_svc_model_serves_it(
     assert lineage["input"] == str(path)
     assert lineage["input_digest"] == job.input_digest([str(path)])
     assert lineage["rows"] == ROWS
+    assert lineage["model_lineage"]["studyId"] == "study"
+    files = lineage["files"]
+    assert sorted(files) == sorted(p.name for p in output.glob("*.parquet"))
+    assert sum(entry["rows"] for entry in files.values()) == ROWS
+    # Over all files, each partition's clean events: the union of the rows' ranges.
+    spans = [span for entry in files.values() for span in entry["sources"]]
+    for partition in (0, 1):
+        mine = [span for span in spans if span["partition"] == partition]
+        assert min(span["min_offset"] for span in mine) == partition * 10
+        assert max(span["max_offset"] for span in mine) == 10 * (ROWS - 2 + partition) + 5
+        assert sum(span["count"] for span in mine) == 3 * ROWS // 2
     before = sorted(output.iterdir())
     with pytest.raises(InvalidArgument, match="exists; scoring writes a new directory"):
         app.run(settings, name, input_path=str(path), output=output, columns=COLUMNS, spark=spark)

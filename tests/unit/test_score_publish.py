@@ -17,7 +17,9 @@ TYPES = {
     "entity_id": "string",
     "window_start": "timestamp",
     "window_end": "bigint",  # not a timestamp: left out of the record
+    "sources": "array<struct<topic:string,partition:int,min_offset:bigint,count:bigint>>",
 }
+SPAN = {"topic": "clean", "partition": 1, "min_offset": 5, "max_offset": 9, "count": 2}
 
 
 def test_each_row_becomes_one_record_keyed_by_its_entity() -> None:
@@ -29,6 +31,7 @@ def test_each_row_becomes_one_record_keyed_by_its_entity() -> None:
             "entity_id": ["a", None],
             "window_start": pa.array([start, None], pa.timestamp("us", tz="UTC")),
             "window_end": [60_000, 120_000],
+            "sources": [[SPAN], []],
             "prediction": pa.array([0.5, 1.5], pa.float32()),
             "probs": [[0.25, 0.75], [1.0, 0.0]],
             "model_name": ["m", "m"],
@@ -40,6 +43,15 @@ def test_each_row_becomes_one_record_keyed_by_its_entity() -> None:
     assert first.run_id == "run-1" and (first.model_name, first.model_version) == ("m", "3")
     assert first.window_start.ToDatetime(tzinfo=UTC) == start
     assert not first.HasField("window_end")
+    (span,) = first.window_sources
+    assert (span.topic, span.partition, span.min_offset, span.max_offset, span.count) == (
+        "clean",
+        1,
+        5,
+        9,
+        2,
+    )
+    assert list(second.window_sources) == []
     assert [(o.name, list(o.values)) for o in first.outputs] == [
         ("prediction", [0.5]),
         ("probs", [0.25, 0.75]),
@@ -53,6 +65,6 @@ def test_each_row_becomes_one_record_keyed_by_its_entity() -> None:
 def test_a_layout_holds_plain_values_only() -> None:
     event = ready("m", "1")
     layout = Layout.of(plan(event, TYPES), TYPES)
-    assert layout.keys == ("entity_id", "window_start", "window_end")
+    assert layout.keys == ("entity_id", "window_start", "window_end", "sources")
     assert layout.outputs == ("prediction",)
     assert layout.timestamp_keys == frozenset({"window_start"})
