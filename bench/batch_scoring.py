@@ -54,16 +54,18 @@ import shutil
 import statistics
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bench.harness import print_ratio, round_order
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from numpy.typing import NDArray
 
     from shared.contracts.aistack.v1 import models_pb2
     from shared.model_loading import Runner
@@ -114,6 +116,7 @@ def offline_table(rows: int, *, day: int, seed: int) -> pa.Table:
     )
     mean = rng.normal(20.0, 5.0, rows)
     stddev = np.abs(rng.normal(1.0, 0.5, rows))
+    count = rng.poisson(60, rows).astype(np.int64) + 1
     timestamp = pa.timestamp("us", tz="UTC")
     columns: dict[str, pa.Array] = {
         # 32 hex characters, as svc_transform's sha2-based key.
@@ -127,7 +130,7 @@ def offline_table(rows: int, *, day: int, seed: int) -> pa.Table:
         "window_end": pa.array(start_us + 60_000_000, timestamp),
         "window_size": pa.array(np.full(rows, 60, np.int64)),
         "window_slide": pa.array(np.full(rows, 60, np.int64)),
-        "count": pa.array(rng.poisson(60, rows).astype(np.int64) + 1),
+        "count": pa.array(count),
         "mean": pa.array(mean),
         "min": pa.array(mean - 2 * stddev),
         "max": pa.array(mean + 2 * stddev),
@@ -138,8 +141,42 @@ def offline_table(rows: int, *, day: int, seed: int) -> pa.Table:
         # Null for a metric without errors, as svc_transform writes it.
         "error_rate": pa.nulls(rows, pa.float64()),
         "last_event_time": pa.array(start_us + 59_000_000, timestamp),
+        "sources": _sources(names, index % entities, count, day=day),
     }
     return pa.table([columns[name] for name in OFFLINE_COLUMNS], names=list(OFFLINE_COLUMNS))
+
+
+#: The clean topic's partitions, for the stored windows' offset ranges.
+CLEAN_PARTITIONS = 3
+
+
+def _sources(
+    names: NDArray[Any], entity: NDArray[Any], count: NDArray[Any], *, day: int
+) -> pa.Array:
+    """Each window's ``sources``, as svc_transform writes them: its ``count``
+    clean events from its entity's partition (by name, as a keyed topic), the
+    partition's offsets running on from window to window and day to day."""
+    import numpy as np
+    import pyarrow as pa
+
+    partition = np.array([zlib.crc32(n.encode()) % CLEAN_PARTITIONS for n in names])[entity]
+    max_offset = np.empty(len(count), np.int64)
+    for p in range(CLEAN_PARTITIONS):
+        chosen = partition == p
+        # A day of every partition holds less than a billion events.
+        max_offset[chosen] = day * 1_000_000_000 + np.cumsum(count[chosen]) - 1
+    ranges = pa.StructArray.from_arrays(
+        [
+            pa.array(np.full(len(count), "aistack.events.clean")),
+            pa.array(partition, pa.int32()),
+            pa.array(max_offset - count + 1),
+            pa.array(max_offset),
+            pa.array(count),
+        ],
+        names=["topic", "partition", "min_offset", "max_offset", "count"],
+    )
+    # One range a window: the topic is keyed by entity.
+    return pa.ListArray.from_arrays(pa.array(np.arange(len(count) + 1, dtype=np.int32)), ranges)
 
 
 def split_rows(rows: int, parts: int) -> list[int]:

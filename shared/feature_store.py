@@ -13,7 +13,12 @@ Offline store (Parquet): every window svc_transform closed, Hive-partitioned
 by ``PARTITIONS`` (``date=/metric=/window=/batch=``), the other columns
 ``OFFLINE_COLUMNS``. ``batch`` is the Spark micro-batch that wrote the rows:
 a replayed batch replaces only its own partition, so of a window stored
-twice the latest batch's row is the one to read.
+twice the latest batch's row is the one to read. ``sources`` is the
+FeatureWindow's: per partition of the clean topic, the least and greatest
+offset and the count of the clean events the window aggregates, as
+``array<struct<topic string, partition int, min_offset bigint, max_offset
+bigint, count bigint>>`` (aistack.v1.OffsetRange's fields); files written
+before it lack the column.
 
 A model fed by entity takes a window's ``FEATURE_STATS``, in that order.
 """
@@ -60,6 +65,7 @@ OFFLINE_COLUMNS = (
     "p95",
     "error_rate",
     "last_event_time",
+    "sources",
 )
 
 

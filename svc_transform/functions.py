@@ -32,6 +32,12 @@ SKETCH_VALUES = "aistack_sketch_values"
 MERGE_SKETCHES = "aistack_merge_sketches"
 #: (sketch, fraction) to the approximate percentile.
 SKETCH_PERCENTILE = "aistack_sketch_percentile"
+#: Aggregate: records' (topic, partition, offset) to their offset ranges, one per
+#: partition (a ``struct<ranges: array<struct<topic, partition, minOffset,
+#: maxOffset, count>>>``, sorted by topic and partition).
+RECORD_OFFSET_RANGES = "aistack_record_offset_ranges"
+#: Aggregate: the ``ranges`` of such results to the ranges of all their records.
+MERGE_OFFSET_RANGES = "aistack_merge_offset_ranges"
 
 # Field for field what DecodeCleanEvent.java returns.
 CLEAN_EVENT_SCHEMA = StructType(
@@ -85,5 +91,9 @@ def register(spark: SparkSession) -> None:
     if jvm is None:
         raise RuntimeError("the SparkContext has no JVM (stopped?)")
     jvm.dev.aistack.transform.Aggregates.register(
-        spark._jsparkSession, SKETCH_VALUES, MERGE_SKETCHES
+        spark._jsparkSession,
+        SKETCH_VALUES,
+        MERGE_SKETCHES,
+        RECORD_OFFSET_RANGES,
+        MERGE_OFFSET_RANGES,
     )

@@ -16,7 +16,9 @@ from shared.feature_store import DIMENSIONS
 from svc_transform.functions import (
     DECODE_CLEAN_EVENT,
     ENCODE_FEATURE_WINDOW,
+    MERGE_OFFSET_RANGES,
     MERGE_SKETCHES,
+    RECORD_OFFSET_RANGES,
     SKETCH_PERCENTILE,
     SKETCH_VALUES,
 )
@@ -59,7 +61,10 @@ def decode(records: DataFrame) -> DataFrame:
 
 
 def observations(decoded: DataFrame) -> DataFrame:
-    """One row per (entity, metric, path) value: sensor measurements and web latencies."""
+    """One row per (entity, metric, path) value: sensor measurements and web
+    latencies, each with its clean event's Kafka ``topic``, ``partition`` and
+    ``offset``. svc_ingest rejects a reading that names a metric twice, so an
+    event gives a (metric, path) one value at most."""
     event = F.col("event")
     sensor_values = F.transform(
         event["measurements"],
@@ -88,10 +93,15 @@ def observations(decoded: DataFrame) -> DataFrame:
         .select(
             event["entity_id"].alias("entity_id"),
             event["event_time"].alias("event_time"),
+            *_POSITION,
             F.explode(values).alias("o"),
         )
-        .select("entity_id", "event_time", "o.*")
+        .select("entity_id", "event_time", *_POSITION, "o.*")
     )
+
+
+#: Where a clean event sat on the clean topic (Spark's Kafka source columns).
+_POSITION = ("topic", "partition", "offset")
 
 
 def pane_seconds(specs: list[WindowSpec]) -> int:
@@ -106,9 +116,12 @@ def aggregate(observed: DataFrame, specs: list[WindowSpec], watermark_seconds: i
 
     Events are summarised once per pane (``pane_seconds``) with mergeable
     statistics: count, mean and sum of squared deviations, min, max, last,
-    and a quantile sketch. Windows merge their panes, so a 5-minute window
-    sliding every minute reads five pane summaries instead of every event
-    five times. With a single spec as long as its pane, panes are the windows.
+    a quantile sketch, and per partition of the clean topic the least and
+    greatest offset and the count of the events (``sources``: exact, and one
+    entry per partition, whatever the number of events). Windows merge their
+    panes, so a 5-minute window sliding every minute reads five pane summaries
+    instead of every event five times. With a single spec as long as its
+    pane, panes are the windows.
     """
     pane = WindowSpec(pane_seconds(specs), pane_seconds(specs))
     watermarked = observed.withWatermark("event_time", f"{watermark_seconds} seconds")
@@ -132,6 +145,7 @@ def aggregate(observed: DataFrame, specs: list[WindowSpec], watermark_seconds: i
         F.expr(f"{SKETCH_VALUES}(value)").alias("sketch"),
         F.sum("is_error").alias("errors"),
         F.count("is_error").alias("error_n"),
+        F.expr(f"{RECORD_OFFSET_RANGES}({', '.join(_POSITION)})").alias("sources"),
     )
     if specs == [pane]:
         return _finish(
@@ -160,6 +174,7 @@ def aggregate(observed: DataFrame, specs: list[WindowSpec], watermark_seconds: i
         F.expr(f"{MERGE_SKETCHES}(sketch)").alias("sketch"),
         F.sum("errors").alias("errors"),
         F.sum("error_n").alias("error_n"),
+        F.expr(f"{MERGE_OFFSET_RANGES}(sources.ranges)").alias("sources"),
     )
     mean = F.col("total") / F.col("n")
     return _finish(
@@ -220,6 +235,21 @@ def _finish(windows: DataFrame) -> DataFrame:
         "last_event_time",
         F.date_format(start, "yyyy-MM-dd").alias("date"),
         F.col("name").alias("window"),
+        _offset_ranges(F.col("sources.ranges")).alias("sources"),
+    )
+
+
+def _offset_ranges(ranges: Column) -> Column:
+    """The aggregators' offset ranges under aistack.v1.OffsetRange's field names."""
+    return F.transform(
+        ranges,
+        lambda r: F.struct(
+            r["topic"].alias("topic"),
+            r["partition"].alias("partition"),
+            r["minOffset"].alias("min_offset"),
+            r["maxOffset"].alias("max_offset"),
+            r["count"].alias("count"),
+        ),
     )
 
 
@@ -294,5 +324,6 @@ def feature_window_bytes() -> Column:
         "p95",
         "error_rate",
         "last_event_time",
+        "sources",
     )
     return F.call_udf(ENCODE_FEATURE_WINDOW, struct)

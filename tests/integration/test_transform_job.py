@@ -15,7 +15,13 @@ from shared.contracts.aistack.v1 import events_pb2, features_pb2
 from shared.feature_store import decode_window, online_field, online_key
 from shared.redis_client import make_redis
 from tests.infra import Infra, read_topic, wait_until
-from tests.integration.transform_job import TransformJob, TransformTopics
+from tests.integration.transform_job import (
+    TransformJob,
+    TransformTopics,
+    clean_positions,
+    expected_sources,
+    ranges,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,9 +51,14 @@ def producer(infra: Infra) -> Iterator[BusProducer]:
     made.flush()
 
 
-def publish(producer: BusProducer, topic: str, events: list[events_pb2.CleanEvent]) -> None:
+def publish(
+    producer: BusProducer,
+    topic: str,
+    events: list[events_pb2.CleanEvent],
+    partition: int | None = None,
+) -> None:
     for event in events:
-        producer.publish(topic, event, key=event.entity_id)
+        producer.publish(topic, event, key=event.entity_id, partition=partition)
     producer.flush()
 
 
@@ -63,8 +74,9 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
     )
     try:
         first = [(7, 22.0), (1, 20.0), (5, 27.0)]  # out of order, inside the watermark
-        publish(producer, topics.clean, [reading("t-1", s, v) for s, v in first])
-        publish(producer, topics.clean, [reading("t-1", 12, 30.0)])
+        publish(producer, topics.clean, [reading("t-1", s, v) for s, v in first], partition=0)
+        # From another partition (as after a repartition): one sliding window holds both.
+        publish(producer, topics.clean, [reading("t-1", 12, 30.0)], partition=1)
         producer.publish_raw(topics.clean, b"\x00 not a CleanEvent", key=b"t-1")
         # The clock: pushes the watermark to T0+35 s, closing both windows of t-1.
         publish(producer, topics.clean, [reading("clock", 40, 0.0)])
@@ -90,6 +102,23 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
         assert w.stddev == pytest.approx(statistics.stdev(values))
         assert w.window_size.seconds == 10
         assert by_start[T0 + timedelta(seconds=10)].count == 1
+        # Each window names the clean events it counted, per partition.
+        positions = clean_positions(infra.kafka, topics.clean, wanted=5)
+        ids = {s: f"t-1-{s}" for s in (1, 5, 7, 12)}
+        sources = {
+            (w.window_size.seconds, w.window_start.ToDatetime(tzinfo=UTC)): ranges(w.sources)
+            for w in windows
+        }
+        assert sources == {
+            (10, T0): expected_sources(topics.clean, positions, [ids[1], ids[5], ids[7]]),
+            (10, T0 + timedelta(seconds=10)): expected_sources(topics.clean, positions, [ids[12]]),
+            (20, T0 - timedelta(seconds=10)): expected_sources(
+                topics.clean, positions, [ids[1], ids[5], ids[7]]
+            ),
+            (20, T0): expected_sources(topics.clean, positions, ids.values()),
+            (20, T0 + timedelta(seconds=10)): expected_sources(topics.clean, positions, [ids[12]]),
+        }
+        assert [p for _, p, *_ in sources[(20, T0)]] == [0, 1]
 
         # Beyond the watermark: dropped, counted; its window stays as it was.
         publish(producer, topics.clean, [reading("t-1", 3, 99.0)])
@@ -120,12 +149,16 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
         .collect()
     )
     assert sorted((r["count"], r.mean) for r in stored) == [(1, 30.0), (3, statistics.mean(values))]
+    assert {r.window_start.astimezone(UTC): [tuple(s) for s in r.sources] for r in stored} == {
+        start: sources[(10, start)] for start in (T0, T0 + timedelta(seconds=10))
+    }
     # Partitioned by date and metric (the date partition reads back as a date).
     assert {(str(r.date), r.metric) for r in stored} == {("2026-11-22", "temperature")}
 
     online = make_redis(infra.redis).hgetall(online_key(topics.redis_prefix, "t-1"))
     latest = decode_window(online[online_field("temperature", "tumbling-10s").encode()])
     assert (latest.count, latest.mean) == (1, 30.0)
+    assert ranges(latest.sources) == sources[(10, T0 + timedelta(seconds=10))]
     assert latest.window_end.ToDatetime(tzinfo=UTC) == T0 + timedelta(seconds=20)
     # The online value is the window's record on the features topic, byte for byte.
     assert online[b"temperature@tumbling-10s"] in records
@@ -164,10 +197,17 @@ def test_a_killed_job_resumes_from_its_checkpoint_without_losing_or_doubling_a_w
     assert starts == [T0 + timedelta(seconds=10 * i) for i in range(20)]  # none missing or twice
     assert all(r["count"] == 10 for r in stored)
     assert sorted(r.min for r in stored) == [float(10 * i) for i in range(20)]
+    # Offsets 0..199 of one partition, ten to a window, across the restart too.
+    partition = {s.partition for r in stored for s in r.sources}
+    assert len(partition) == 1
+    assert sorted(tuple(s) for r in stored for s in r.sources) == [
+        (topics.clean, *partition, 10 * i, 10 * i + 9, 10) for i in range(20)
+    ]
     online = make_redis(infra.redis).hgetall(online_key(topics.redis_prefix, "t-k"))
     latest = decode_window(online[b"temperature@tumbling-10s"])
     assert latest.window_end.ToDatetime(tzinfo=UTC) == T0 + timedelta(seconds=200)
     assert (latest.count, latest.max) == (10, 199.0)
+    assert [(s.min_offset, s.max_offset, s.count) for s in latest.sources] == [(190, 199, 10)]
 
 
 def read_window_keys(infra: Infra, topics: TransformTopics) -> set[str]:

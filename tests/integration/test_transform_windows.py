@@ -17,6 +17,7 @@ from svc_transform.windows import (
 )
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+CLEAN = "aistack.events.clean"
 
 
 def sensor(entity: str, at: datetime, temperature: float) -> bytes:
@@ -36,8 +37,23 @@ def web(host: str, at: datetime, path: str, status: int, latency: float) -> byte
     return event.SerializeToString()
 
 
-def frame(spark: Any, values: list[bytes]) -> Any:
-    return spark.createDataFrame([(v,) for v in values], "value binary")
+def frame(spark: Any, values: list[bytes], partitions: list[int] | None = None) -> Any:
+    """Kafka records of ``CLEAN``: in ``partitions`` (all 0 by default), each
+    partition's offsets counting from 100 in list order."""
+    chosen = partitions or [0] * len(values)
+    offsets = [100 + chosen[:i].count(p) for i, p in enumerate(chosen)]
+    rows = list(zip(values, [CLEAN] * len(values), chosen, offsets, strict=True))
+    return spark.createDataFrame(rows, "value binary, topic string, partition int, offset long")
+
+
+def source(partition: int, first: int, last: int, count: int) -> dict[str, Any]:
+    return {
+        "topic": CLEAN,
+        "partition": partition,
+        "min_offset": first,
+        "max_offset": last,
+        "count": count,
+    }
 
 
 def test_tumbling_windows_have_exact_statistics(spark: Any) -> None:
@@ -59,8 +75,11 @@ def test_tumbling_windows_have_exact_statistics(spark: Any) -> None:
     assert w.p50 == 22.0 and w.error_rate is None
     assert w.window_end.astimezone(UTC) == T0 + timedelta(minutes=1)
     assert w.date == "2026-11-22" and len(w.window_key) == 32
+    # The garbage record (offset 104) is no clean event of any window.
+    assert [s.asDict() for s in w.sources] == [source(0, 100, 102, 3)]
     lone = got[T0 + timedelta(minutes=1)]
     assert (lone["count"], lone.mean, lone.stddev) == (1, 30.0, 0.0)
+    assert [s.asDict() for s in lone.sources] == [source(0, 103, 103, 1)]
 
 
 def test_sliding_windows_count_each_event_in_every_window_it_falls_in(spark: Any) -> None:
@@ -138,8 +157,49 @@ def test_merged_sketches_keep_percentile_approx_accuracy(spark: Any) -> None:
     whole = {r.window_start.astimezone(UTC): r for r in rows.collect()}[T0]
 
     assert whole["count"] == count
+    assert [s.asDict() for s in whole.sources] == [source(0, 100, 100 + count - 1, count)]
     # Relative rank error 1/10000: within one value of the exact ones here.
     assert abs(whole.p50 - 4_499) <= 1 and abs(whole.p95 - 8_549) <= 1
+
+
+def test_sources_are_each_partitions_offsets_of_exactly_the_events_counted(spark: Any) -> None:
+    # t-6's events come from partitions 3 and 1 (a repartition); t-7's lie between them.
+    seconds = [1, 20, 61, 62, 125, 130, 170]
+    partitions = [3, 1, 3, 1, 1, 3, 3]
+    events = [sensor("t-6", T0 + timedelta(seconds=s), float(s)) for s in seconds]
+    events.insert(3, sensor("t-7", T0 + timedelta(seconds=30), 0.0))
+    partitions.insert(3, 3)
+    specs = [WindowSpec(60, 60), WindowSpec(120, 60)]
+
+    rows = aggregate(observations(decode(frame(spark, events, partitions))), specs, 0).collect()
+    got = {
+        (r.window, r.window_start.astimezone(UTC)): ([s.asDict() for s in r.sources], r["count"])
+        for r in rows
+        if r.entity_id == "t-6"
+    }
+
+    minute = timedelta(minutes=1)
+    # Offsets per partition, in publishing order: p3 100 (1 s), 101 (61 s), 102 (t-7),
+    # 103 (130 s), 104 (170 s); p1 100 (20 s), 101 (62 s), 102 (125 s).
+    assert got == {
+        ("tumbling-60s", T0): ([source(1, 100, 100, 1), source(3, 100, 100, 1)], 2),
+        ("tumbling-60s", T0 + minute): ([source(1, 101, 101, 1), source(3, 101, 101, 1)], 2),
+        ("tumbling-60s", T0 + 2 * minute): ([source(1, 102, 102, 1), source(3, 103, 104, 2)], 3),
+        ("sliding-120s-every-60s", T0 - minute): (
+            [source(1, 100, 100, 1), source(3, 100, 100, 1)],
+            2,
+        ),
+        ("sliding-120s-every-60s", T0): ([source(1, 100, 101, 2), source(3, 100, 101, 2)], 4),
+        # t-7's event lies inside p3's range, outside its count.
+        ("sliding-120s-every-60s", T0 + minute): (
+            [source(1, 101, 102, 2), source(3, 101, 104, 3)],
+            5,
+        ),
+        ("sliding-120s-every-60s", T0 + 2 * minute): (
+            [source(1, 102, 102, 1), source(3, 103, 104, 2)],
+            3,
+        ),
+    }
 
 
 def test_web_requests_give_latency_and_error_rate_per_host_and_path(spark: Any) -> None:
@@ -170,3 +230,9 @@ def test_aggregates_encode_as_feature_windows(spark: Any) -> None:
     assert windows["web-1"].error_rate == 1.0 and windows["web-1"].count == 1
     assert dict(windows["t-3"].dimensions) == {} and windows["t-3"].mean == 5.0
     assert windows["t-3"].window_size.seconds == 60
+    # The events sat at offsets 100 and 101 of partition 0.
+    assert [
+        (s.topic, s.partition, s.min_offset, s.max_offset, s.count)
+        for s in windows["web-1"].sources
+    ] == [(CLEAN, 0, 100, 100, 1)]
+    assert [(s.min_offset, s.count) for s in windows["t-3"].sources] == [(101, 1)]

@@ -6,8 +6,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from confluent_kafka import Consumer
+from google.protobuf.message import DecodeError
 
 from shared.bus.topics import (
     EVENTS_CLEAN,
@@ -16,6 +21,7 @@ from shared.bus.topics import (
     TOPICS_BY_NAME,
     ensure_topics,
 )
+from shared.contracts.aistack.v1 import common_pb2, events_pb2
 from shared.ports import free_port
 from shared.settings import KafkaSettings
 from tests.infra import Infra, metric_value
@@ -103,3 +109,57 @@ class TransformJob:
     def close(self) -> None:
         self.kill()
         self._log.close()
+
+
+#: (topic, partition, min_offset, max_offset, count): an aistack.v1.OffsetRange.
+Range = tuple[str, int, int, int, int]
+
+
+def clean_positions(kafka: KafkaSettings, topic: str, wanted: int) -> dict[str, tuple[int, int]]:
+    """Each CleanEvent's (partition, offset) on ``topic``, by event id, once
+    ``wanted`` have been read (records that are no CleanEvent are skipped)."""
+    consumer = Consumer(
+        {
+            **kafka.client_config(),
+            "group.id": f"positions-{topic}-{time.time_ns()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    positions: dict[str, tuple[int, int]] = {}
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline and len(positions) < wanted:
+            for record in consumer.consume(100, timeout=0.5):
+                if record.error():
+                    continue
+                try:
+                    event = events_pb2.CleanEvent.FromString(record.value())
+                except DecodeError:
+                    continue
+                if event.event_id:
+                    positions[event.event_id] = (record.partition(), record.offset())
+    finally:
+        consumer.close()
+    return positions
+
+
+def expected_sources(
+    topic: str, positions: dict[str, tuple[int, int]], event_ids: Iterable[str]
+) -> list[Range]:
+    """The offset ranges of a window of exactly these events, as svc_transform orders them."""
+    by_partition: dict[int, list[int]] = {}
+    for event_id in event_ids:
+        partition, offset = positions[event_id]
+        by_partition.setdefault(partition, []).append(offset)
+    return [
+        (topic, p, min(offsets), max(offsets), len(offsets))
+        for p, offsets in sorted(by_partition.items())
+    ]
+
+
+def ranges(sources: Iterable[common_pb2.OffsetRange]) -> list[Range]:
+    """A FeatureWindow's ``sources`` as tuples (the offline store's structs are
+    such tuples already: ``[tuple(s) for s in row.sources]``)."""
+    return [(s.topic, s.partition, s.min_offset, s.max_offset, s.count) for s in sources]

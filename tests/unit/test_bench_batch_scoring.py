@@ -3,6 +3,7 @@ single-process peer's output, which must be the Spark job's."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,25 @@ def test_the_store_has_the_offline_layout_and_feeds_the_plan(tmp_path: Path) -> 
     chosen = plan(forecaster_event(), bench.spark_types(dataset.schema))
     assert chosen.columns == FEATURE_STATS
     assert chosen.keys == KEY_COLUMNS
+
+
+def test_the_store_names_each_windows_clean_events_as_svc_transform_does() -> None:
+    table = bench.offline_table(3_000, day=1, seed=5)
+    windows = table.select(["entity_id", "count", "sources"]).to_pylist()
+    by_partition: dict[int, list[tuple[int, int]]] = {}
+    entity_partition: dict[str, int] = {}
+    for window in windows:
+        [source] = window["sources"]  # one partition: the topic is keyed by entity
+        assert source["topic"] == "aistack.events.clean"
+        assert source["count"] == window["count"]
+        assert source["max_offset"] - source["min_offset"] + 1 == source["count"]
+        partition = entity_partition.setdefault(window["entity_id"], source["partition"])
+        assert source["partition"] == partition
+        by_partition.setdefault(partition, []).append((source["min_offset"], source["max_offset"]))
+    assert set(by_partition) == set(range(bench.CLEAN_PARTITIONS))
+    for spans in by_partition.values():
+        # Each partition's offsets run on from window to window, none twice.
+        assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(spans))
 
 
 def test_the_store_is_seeded(tmp_path: Path) -> None:

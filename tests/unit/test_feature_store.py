@@ -6,8 +6,11 @@ import json
 import re
 from datetime import UTC, datetime
 
+import numpy as np
 import pytest
 
+from shared.contracts.aistack.v1.common_pb2 import OffsetRange
+from shared.contracts.aistack.v1.events_pb2 import CleanEvent
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
 from shared.errors import FailedPrecondition
 from shared.feature_store import (
@@ -23,6 +26,7 @@ from shared.feature_store import (
     partition_path,
     window_stats,
 )
+from svc_model.features import feature_row
 
 END = datetime(2026, 11, 22, 10, 1, tzinfo=UTC)
 
@@ -55,6 +59,30 @@ def test_a_window_round_trips_through_its_stored_bytes() -> None:
     assert decode_window(stored) == window
     # The same bytes as the window's record on the features topic.
     assert FeatureWindow.FromString(stored) == window
+
+
+def test_a_window_carries_the_offset_ranges_of_its_clean_events() -> None:
+    window = a_window()
+    clean = "aistack.events.clean"
+    ranges = [OffsetRange(topic=clean, partition=0, min_offset=7, max_offset=40, count=12)]
+    window.sources.extend(ranges)
+    assert list(decode_window(encode_window(window)).sources) == ranges
+
+
+def test_records_written_before_sources_still_decode() -> None:
+    # What svc_transform wrote before FeatureWindow had field 20, and
+    # svc_ingest before CleanEvent.source: the same messages without them.
+    window = decode_window(encode_window(a_window()))
+    assert list(window.sources) == [] and window == a_window()
+    # Its readers take it as before: svc_model's input row, and the JSON of older stores.
+    row = feature_row(window, len(FEATURE_STATS), "http.latency_ms|path=/api/orders@tumbling-60s")
+    np.testing.assert_array_equal(row, np.asarray(window_stats(a_window()), np.float32))
+    assert list(decode_window(b'{"count": "3", "mean": 1.5}').sources) == []
+    event = CleanEvent(event_id="e-1", entity_id="t-1")
+    event.sensor_reading.measurements.add(metric="temperature", value=20.0, unit="degC")
+    decoded = CleanEvent.FromString(event.SerializeToString())
+    assert not decoded.HasField("source") and decoded.source.topic == ""
+    assert decoded == event
 
 
 def test_field_names_carry_the_path_only_when_there_is_one() -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.contracts.aistack.v1 import events_pb2
+from shared.contracts.aistack.v1 import common_pb2, events_pb2
 from svc_ingest.cleaner import Cleaner
 from svc_ingest.dedup import DedupWindow
 from svc_ingest.handlers import RecordHandler
@@ -208,9 +209,14 @@ def test_every_record_has_exactly_one_outcome(
         for offset, (value, ct) in enumerate(records)
     ]
     assert len(outcomes) == len(records)
-    for outcome in outcomes:
+    for offset, outcome in enumerate(outcomes):
         assert outcome.kind in ("clean", "dead_letter", "duplicate")
         assert (outcome.topic == "") == (outcome.kind == "duplicate")
+        if outcome.kind == "clean":
+            # Every clean event names the raw record it came from.
+            assert outcome.value is not None
+            source = events_pb2.CleanEvent.FromString(outcome.value).source
+            assert (source.topic, source.partition, source.offset) == ("raw", 0, offset)
     if repeat:
         # The second copy of an accepted record is a duplicate, never clean again.
         half = len(values)
@@ -219,6 +225,28 @@ def test_every_record_has_exactly_one_outcome(
                 assert second.kind == "duplicate"
             if first.kind == "dead_letter":
                 assert second.kind == "dead_letter" and second.reason == first.reason
+
+
+@pytest.mark.parametrize(
+    "document",
+    [{**VALID_SENSOR, "metrics": {"temperature": {"value": 20.5, "unit": "C"}}}, VALID_WEB],
+    ids=["sensor", "web"],
+)
+def test_a_clean_event_names_its_raw_record(document: dict[str, Any]) -> None:
+    handler = RecordHandler(
+        Cleaner(CleaningRules()),
+        DedupWindow({}, 60_000),
+        source_topic="aistack.events.raw",
+        clean_topic="clean",
+        dlq_topic="dlq",
+    )
+    value = json.dumps(document).encode()
+    outcome = handler.handle(2, 41, b"k", value, [("content-type", b"application/json")], NOW_US)
+    assert outcome.kind == "clean" and outcome.value is not None
+    event = events_pb2.CleanEvent.FromString(outcome.value)
+    assert event.source == common_pb2.SourcePosition(
+        topic="aistack.events.raw", partition=2, offset=41
+    )
 
 
 @settings(max_examples=800, deadline=None)
