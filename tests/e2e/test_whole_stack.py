@@ -1,6 +1,7 @@
 """The whole flow on the real stack: a raw event from a plain Kafka client to
 the clean topic, the windows, the offline and online stores; a small study
-through the trainers; its best model served; a prediction over gRPC."""
+through the trainers; its best model served; a prediction over gRPC; and a
+prediction by entity traced back to the raw offset under it."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 from shared.contracts.inference import grpc_predict_v2_pb2 as pb
 from shared.contracts.inference import grpc_predict_v2_pb2_grpc as pb_grpc
+from shared.errors import NotFound
 from shared.feature_store import ONLINE_KEY_PREFIX, decode_window, online_key
 from shared.redis_client import make_redis
 from shared.settings import KafkaSettings, RedisSettings
@@ -91,6 +93,154 @@ def find(kafka: KafkaSettings, topic: str, cls: Any, match: Callable[[Any], bool
     finally:
         tail.close()
     return None
+
+
+FORECAST = """
+name: e2e-forecast-{run}
+objective: {{metric: val_mae, direction: DIRECTION_MINIMIZE}}
+params:
+  - name: units
+    categorical: {{choices: [{{int_value: 16}}]}}
+sampler: {{kind: SAMPLER_KIND_GRID}}
+pruner: {{kind: PRUNER_KIND_NONE}}
+budget: {{max_trials: 1, max_parallel: 1, time_limit: 600s, trial_timeout: 300s}}
+task:
+  dataset: features
+  model_family: mlp
+  framework: FRAMEWORK_TORCH
+  strategy: single
+  epochs: 3
+  model_name: e2e-forecast-{run}
+  options: {{metric: temperature, window: tumbling-60s, lags: "1"}}
+seed: 3
+"""
+MINUTES = 15
+
+
+def test_a_prediction_by_entity_is_traced_to_the_raw_offset_under_it(
+    stack: ServiceStack,
+) -> None:
+    """One raw reading with a known offset becomes a window; a model trained
+    on the offline store that holds it serves a prediction by entity from
+    that window; ``aistack lineage`` names the reading's offset."""
+    from compose.lineage import trace
+    from compose.settings import LineageSettings
+
+    kafka = KafkaSettings(bootstrap=stack.kafka_bootstrap)
+    run = uuid.uuid4().hex[:6]
+    entities = [f"lineage-{run}-{i}" for i in range(2)]
+    traced = entities[0]
+    # All before the next test's reading (5 minutes before its start): this
+    # test runs first, and its watermark must not make that reading late.
+    start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=MINUTES + 9)
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap})
+    positions: dict[str, tuple[int, int]] = {}
+
+    def delivered(error: Any, record: Any) -> None:
+        assert error is None, error
+        positions[record.key().decode()] = (record.partition(), record.offset())
+
+    # A reading a minute per entity; the traced one's last reading is the
+    # one whose offset the lineage must name: its window is the entity's
+    # latest, the one a prediction by entity is fed.
+    for minute in range(MINUTES):
+        for i, entity in enumerate(entities):
+            reading = {
+                "event_id": str(uuid.uuid4()),
+                "device_id": entity,
+                "timestamp": (start + timedelta(minutes=minute, seconds=20)).isoformat(),
+                "metrics": {"temperature": {"value": 18.0 + i + (minute % 5), "unit": "C"}},
+            }
+            producer.produce(EVENTS_RAW, json.dumps(reading).encode(), key=entity.encode())
+    last_reading = {
+        "event_id": str(uuid.uuid4()),
+        "device_id": traced,
+        "timestamp": (start + timedelta(minutes=MINUTES, seconds=20)).isoformat(),
+        "metrics": {"temperature": {"value": 21.0, "unit": "C"}},
+    }
+    producer.produce(
+        EVENTS_RAW, json.dumps(last_reading).encode(), key=traced.encode(), on_delivery=delivered
+    )
+    # Another device's reading two minutes on: the watermark passes every
+    # window above.
+    later_device = f"lineage-{run}-later"
+    later = {**last_reading, "event_id": str(uuid.uuid4()), "device_id": later_device}
+    later["timestamp"] = (start + timedelta(minutes=MINUTES + 2)).isoformat()
+    producer.produce(EVENTS_RAW, json.dumps(later).encode(), key=later_device.encode())
+    assert producer.flush(30) == 0
+    partition, offset = positions[traced]
+
+    last_start = start + timedelta(minutes=MINUTES)
+    window = eventually(
+        "the traced reading's window",
+        lambda: find(
+            kafka,
+            FEATURES_WINDOWS,
+            features_pb2.FeatureWindow,
+            lambda w: w.entity_id == traced
+            and w.metric == "temperature"
+            and w.window_start.ToDatetime(tzinfo=UTC) == last_start
+            and w.window_size.seconds == 60,
+        ),
+        180,
+        stack,
+    )
+    assert window.count == 1 and list(window.sources), window
+
+    spec = load_spec(FORECAST.format(run=run))
+    with grpc.insecure_channel(stack.tuner_target) as channel:
+        tuner = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
+        study_id = tuner.CreateStudy(api.CreateStudyRequest(spec=spec)).study.study_id
+
+        def finished() -> api.Study | None:
+            study = tuner.GetStudy(api.GetStudyRequest(study_id=study_id)).study
+            return None if study.state == api.STUDY_STATE_RUNNING else study
+
+        study = eventually("the forecast study", finished, 600, stack)
+    assert study.state == api.STUDY_STATE_COMPLETED, study
+    best = study.best_trial
+
+    with grpc.insecure_channel(stack.model_target) as channel:
+        model = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+
+        def predicted() -> pb.ModelInferResponse | None:
+            request = pb.ModelInferRequest(model_name=best.model_name)
+            request.parameters["entity_id"].string_param = traced
+            try:
+                response: pb.ModelInferResponse = model.ModelInfer(request, timeout=30)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
+                return None
+            return response
+
+        response = eventually("a prediction by entity", predicted, 120, stack)
+    request_id = response.parameters["request_id"].string_param
+    assert request_id and response.id == request_id
+
+    settings = LineageSettings(kafka=kafka)
+
+    def traced_tree() -> dict[str, Any] | None:
+        try:
+            return trace(settings, request_id).to_json()
+        except NotFound:
+            return None  # the log is sent in the background
+
+    tree = eventually("the prediction on the log", traced_tree, 30, stack)
+    (window_node,) = [node for node in tree["from"] if node["title"].startswith("feature window")]
+    assert window_node["entity_id"] == traced and window_node["window_key"] == window.window_key
+    raw = [
+        entry
+        for node in _nodes(window_node)
+        for entry in node.get("raw", [])
+        if entry["topic"] == EVENTS_RAW and entry["partition"] == partition
+    ]
+    assert raw and offset in raw[0]["offsets"], json.dumps(tree, indent=1)[:4000]
+
+
+def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("from", []):
+        yield from _nodes(child)
 
 
 def test_a_raw_event_becomes_features_and_a_study_becomes_a_served_model(
