@@ -30,6 +30,7 @@ from compose.settings import LineageSettings
 from shared.bus.consumer import read_to_end
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, models_pb2, predictions_pb2
 from shared.errors import AistackError, InvalidArgument, NotFound
+from shared.feature_store import WEB_LATENCY
 from shared.objective import version_number
 from shared.settings import KafkaSettings
 
@@ -182,7 +183,7 @@ class _Walk:
                 f"of entity {logged.entity_id}",
                 {"entity_id": logged.entity_id, "window_key": logged.window_key},
             )
-            window.children.extend(self.clean(logged.window_sources, entities={logged.entity_id}))
+            window.children.extend(self.clean(logged.window_sources, _fed(logged)))
             node.children.append(window)
         else:
             node.children.append(
@@ -224,21 +225,23 @@ class _Walk:
             f", {missing} no longer on disk" if missing else ""
         )
         node.facts["files"] = list(data.files)
-        windows, entities, ranges = _windows_in(present)
-        if not windows:
+        count, windows, ranges = _windows_in(present)
+        if not count:
             node.children.append(Node("the files hold no window positions (written before them)"))
             return node
         summary = Node(
-            f"{windows} windows of {len(entities)} entities, over clean events "
+            f"{count} windows of {len(windows.entities)} entities, over clean events "
             + "; ".join(_range_text(r) for r in ranges),
-            {"windows": windows, "clean_ranges": [json_format.MessageToDict(r) for r in ranges]},
+            {"windows": count, "clean_ranges": [json_format.MessageToDict(r) for r in ranges]},
         )
-        summary.children.extend(self.clean(ranges, entities=entities))
+        summary.children.extend(self.clean(ranges, windows))
         node.children.append(summary)
         return node
 
-    def clean(self, ranges: Iterable[common_pb2.OffsetRange], *, entities: set[str]) -> list[Node]:
-        """The clean events of ``entities`` in ``ranges``, and the raw records under them."""
+    def clean(self, ranges: Iterable[common_pb2.OffsetRange], windows: Windows) -> list[Node]:
+        """The clean events in ``ranges`` that ``windows`` aggregate (a range
+        also holds other series' and other windows' events), and the raw
+        records under them."""
         nodes: list[Node] = []
         raw: list[common_pb2.SourcePosition] = []
         for span in ranges:
@@ -251,7 +254,7 @@ class _Walk:
                     event = events_pb2.CleanEvent.FromString(record.value())
                 except DecodeError:
                     continue
-                if event.entity_id in entities:
+                if windows.covers(event):
                     found += 1
                     if event.HasField("source"):
                         raw.append(event.source)
@@ -295,23 +298,85 @@ class _Walk:
         return Node(f"{where}: not on the bus", {"gone": True})
 
 
-def _windows_in(files: list[str]) -> tuple[int, set[str], list[common_pb2.OffsetRange]]:
-    """(windows, entities, merged clean ranges per partition) of the offline-store files."""
+#: A window's series: (entity, metric, path); path "" but for web requests.
+Series = tuple[str, str, str]
+
+
+class Windows:
+    """The windows a set of clean events must fall in: per series, their
+    [start, end) spans in microseconds. A clean event is under them when it
+    gives a value to one of their series at a time one of them spans."""
+
+    def __init__(self) -> None:
+        self._spans: dict[Series, list[tuple[int, int]]] = defaultdict(list)
+        # Entities whose window is not known better (a record written
+        # before windows were logged): any of their events.
+        self._whole: set[str] = set()
+
+    def add_entity(self, entity: str) -> None:
+        self._whole.add(entity)
+
+    def add(self, series: Series, start_us: int, end_us: int) -> None:
+        self._spans[series].append((start_us, end_us))
+
+    @property
+    def entities(self) -> set[str]:
+        return {entity for entity, _, _ in self._spans} | self._whole
+
+    def covers(self, event: events_pb2.CleanEvent) -> bool:
+        if event.entity_id in self._whole:
+            return True
+        at = event.event_time.ToMicroseconds()
+        for series in _series(event):
+            for start, end in self._spans.get(series, ()):
+                if start <= at < end:
+                    return True
+        return False
+
+
+def _series(event: events_pb2.CleanEvent) -> Iterator[Series]:
+    # As svc_transform's windows read them (svc_transform.windows.observations).
+    kind = event.WhichOneof("body")
+    if kind == "sensor_reading":
+        for measurement in event.sensor_reading.measurements:
+            yield (event.entity_id, measurement.metric, "")
+    elif kind == "web_request":
+        yield (event.entity_id, WEB_LATENCY, event.web_request.path)
+
+
+def _windows_in(files: list[str]) -> tuple[int, Windows, list[common_pb2.OffsetRange]]:
+    """(how many windows, their series and spans, their clean ranges merged
+    per partition) of the offline-store files."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    windows = 0
-    entities: set[str] = set()
+    count = 0
+    windows = Windows()
     merged: dict[tuple[str, int], common_pb2.OffsetRange] = {}
     for path in files:
-        schema = pq.read_schema(path)
-        if "sources" not in schema.names:
+        if "sources" not in pq.read_schema(path).names:
             continue
-        table = pq.read_table(path, columns=["entity_id", "sources"])
-        for entity, sources in zip(
-            table.column("entity_id").to_pylist(), table.column("sources").to_pylist(), strict=True
+        # The metric is a partition of the store: in the path, not the file.
+        metric = next(
+            (part[len("metric=") :] for part in Path(path).parts if part.startswith("metric=")), ""
+        )
+        table = pq.read_table(
+            path,
+            columns=["entity_id", "path", "window_start", "window_end", "sources"],
+            coerce_int96_timestamp_unit="us",
+        )
+        starts = table.column("window_start").cast(pa.timestamp("us")).cast(pa.int64())
+        ends = table.column("window_end").cast(pa.timestamp("us")).cast(pa.int64())
+        for entity, dimension, start, end, sources in zip(
+            table.column("entity_id").to_pylist(),
+            table.column("path").to_pylist(),
+            starts.to_pylist(),
+            ends.to_pylist(),
+            table.column("sources").to_pylist(),
+            strict=True,
         ):
-            windows += 1
-            entities.add(entity)
+            count += 1
+            windows.add((entity, metric, dimension or ""), start, end)
             for source in sources or ():
                 key = (source["topic"], source["partition"])
                 span = merged.get(key)
@@ -321,7 +386,22 @@ def _windows_in(files: list[str]) -> tuple[int, set[str], list[common_pb2.Offset
                     span.min_offset = min(span.min_offset, source["min_offset"])
                     span.max_offset = max(span.max_offset, source["max_offset"])
                     span.count += source["count"]
-    return windows, entities, [merged[key] for key in sorted(merged)]
+    return count, windows, [merged[key] for key in sorted(merged)]
+
+
+def _fed(logged: predictions_pb2.PredictionLogged) -> Windows:
+    """The window a prediction by entity was fed, as ``Windows``."""
+    windows = Windows()
+    if logged.window_metric:
+        path = logged.window_dimensions.get("path", "")
+        windows.add(
+            (logged.entity_id, logged.window_metric, path),
+            logged.window_start.ToMicroseconds(),
+            logged.window_end.ToMicroseconds(),
+        )
+    else:
+        windows.add_entity(logged.entity_id)
+    return windows
 
 
 def _range_text(span: common_pb2.OffsetRange) -> str:

@@ -33,6 +33,9 @@ from google.protobuf.message import DecodeError
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
 from shared.errors import FailedPrecondition
 
+#: The metric of web requests; the request path is its one dimension.
+WEB_LATENCY = "http.latency_ms"
+
 #: The window statistics a feature model reads, in this order: svc_trainer
 #: builds its lags from them, svc_model feeds them by entity.
 FEATURE_STATS = ("mean", "stddev", "min", "max", "count", "p50", "p95")

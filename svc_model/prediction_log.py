@@ -124,6 +124,10 @@ def build_record(prediction: Prediction) -> PredictionLogged:
     if window is not None:
         record.window_key = window.window_key
         record.window_sources.extend(window.sources)
+        record.window_metric = window.metric
+        record.window_dimensions.update(window.dimensions)
+        record.window_start.CopyFrom(window.window_start)
+        record.window_end.CopyFrom(window.window_end)
     if prediction.tensors and prediction.arrays is not None:
         arrays = prediction.arrays
         record.inputs_sha256 = inputs_sha256(

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
-from shared.feature_store import DIMENSIONS
+from shared.feature_store import DIMENSIONS, WEB_LATENCY
 from svc_transform.functions import (
     DECODE_CLEAN_EVENT,
     ENCODE_FEATURE_WINDOW,
@@ -27,9 +27,6 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, GroupedData
 
     from svc_transform.settings import TransformSettings
-
-#: The metric of web requests; the request path is its one dimension.
-WEB_LATENCY = "http.latency_ms"
 
 
 @dataclass(frozen=True)

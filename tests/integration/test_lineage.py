@@ -24,16 +24,20 @@ from tests.infra import Infra
 
 pytestmark = pytest.mark.integration
 
+WINDOW_START = 1_795_000_000  # seconds: a minute's window
+
 
 def publish(infra: Infra, topic: str, key: str, value: bytes) -> int:
     """Send one record; its offset."""
     producer = Producer(infra.kafka.client_config())
-    offsets: list[int] = []
+    offsets: list[int | None] = []
     producer.produce(
         topic, value, key.encode(), on_delivery=lambda _, m: offsets.append(m.offset())
     )
     assert producer.flush(30) == 0
-    return offsets[0]
+    (offset,) = offsets
+    assert offset is not None
+    return offset
 
 
 @pytest.fixture
@@ -53,24 +57,32 @@ def logged(infra: Infra, tmp_path: Path) -> tuple[LineageSettings, dict[str, obj
         for i in range(3)
     ]
     clean: list[int] = []
-    for i, raw_offset in enumerate(raw):
+
+    def clean_event(name: str, device: str, metric: str, second: int, raw_at: int) -> bytes:
         event = events_pb2.CleanEvent(
-            event_id=f"{run}-{i}",
-            entity_id=entity,
-            source=common_pb2.SourcePosition(topic=names["raw"], partition=0, offset=raw_offset),
+            event_id=f"{run}-{name}",
+            entity_id=device,
+            source=common_pb2.SourcePosition(topic=names["raw"], partition=0, offset=raw_at),
         )
-        clean.append(publish(infra, names["clean"], entity, event.SerializeToString()))
-        # Another entity's event inside the window's offset range: not under it.
-        foreign = events_pb2.CleanEvent(
-            event_id=f"{run}-x{i}",
-            entity_id=other,
-            source=common_pb2.SourcePosition(topic=names["raw"], partition=0, offset=999),
-        )
-        publish(infra, names["clean"], other, foreign.SerializeToString())
+        event.event_time.FromSeconds(WINDOW_START + second)
+        event.sensor_reading.measurements.add(metric=metric, value=20.0, unit="C")
+        return event.SerializeToString()
+
+    for i, raw_offset in enumerate(raw):
+        value = clean_event(str(i), entity, "temperature", 10 * i, raw_offset)
+        clean.append(publish(infra, names["clean"], entity, value))
+        # Inside the window's offset range but not under it: another
+        # entity's event, the entity's humidity, its next minute's reading.
+        for name, device, metric, second in (
+            (f"x{i}", other, "temperature", 10 * i),
+            (f"h{i}", entity, "humidity", 10 * i),
+            (f"n{i}", entity, "temperature", 60 + i),
+        ):
+            publish(infra, names["clean"], device, clean_event(name, device, metric, second, 999))
     window_range = common_pb2.OffsetRange(
         topic=names["clean"], partition=0, min_offset=clean[0], max_offset=clean[-1], count=3
     )
-    store = tmp_path / "store" / "date=2026-11-23" / "part-0.parquet"
+    store = tmp_path / "store" / "date=2026-11-23" / "metric=temperature" / "part-0.parquet"
     store.parent.mkdir(parents=True)
     sources_type = pa.list_(
         pa.struct(
@@ -91,7 +103,16 @@ def logged(infra: Infra, tmp_path: Path) -> tuple[LineageSettings, dict[str, obj
         "count": 3,
     }
     pq.write_table(
-        pa.table({"entity_id": [entity], "sources": pa.array([[span]], sources_type)}), store
+        pa.table(
+            {
+                "entity_id": [entity],
+                "path": [""],
+                "window_start": pa.array([WINDOW_START * 1_000_000], pa.timestamp("us")),
+                "window_end": pa.array([(WINDOW_START + 60) * 1_000_000], pa.timestamp("us")),
+                "sources": pa.array([[span]], sources_type),
+            }
+        ),
+        store,
     )
     model = models_pb2.ModelReady(
         model_name=f"forecast-{run}",
@@ -114,8 +135,11 @@ def logged(infra: Infra, tmp_path: Path) -> tuple[LineageSettings, dict[str, obj
         entity_id=entity,
         window_key=f"window-{run}",
         window_sources=[window_range],
+        window_metric="temperature",
         latency_us=1234,
     )
+    prediction.window_start.FromSeconds(WINDOW_START)
+    prediction.window_end.FromSeconds(WINDOW_START + 60)
     publish(infra, names["predictions"], entity, prediction.SerializeToString())
     settings = LineageSettings(
         kafka=infra.kafka,
@@ -136,7 +160,10 @@ def test_a_prediction_is_walked_back_to_its_raw_offsets(
     raw_span = f"raw records {names['raw']}[0] offsets {raw[0]}..{raw[-1]} (3)"
     # Twice: under the window the prediction was fed, and under the training data.
     assert text.count(raw_span) == 2, text
-    assert "999" not in text  # the other entity's event is in the range, not under the window
+    # In the ranges, not under the windows: another entity's, another
+    # metric's and another minute's events.
+    assert "999" not in text
+    assert text.count(": 3 read") == 2, text
     assert f"feature window window-{run} of entity dev-{run}" in text
     assert f"study study-{run}, trial study-{run}/1 (#1): units=72" in text
     assert f"{names['raw']}[0]@{raw[0]}: " + json.dumps({"device_id": f"dev-{run}", "n": 0}) in text

@@ -67,6 +67,10 @@ def by_tensors(r: pb.ModelInferRequest, **fields: object) -> Prediction:
 
 def window() -> FeatureWindow:
     w = FeatureWindow(window_key="sensor-7/temp/60s/1700000000", entity_id="sensor-7")
+    w.metric = "temperature"
+    w.dimensions["site"] = "roof"
+    w.window_start.FromSeconds(1_700_000_000)
+    w.window_end.FromSeconds(1_700_000_060)
     w.sources.add(topic="aistack.events.clean", partition=2, min_offset=40, max_offset=51, count=9)
     w.sources.add(topic="aistack.events.clean", partition=5, min_offset=7, max_offset=7, count=1)
     return w
@@ -131,6 +135,12 @@ def test_a_record_by_entity_carries_the_window_it_read() -> None:
     record = build_record(by_entity())
     assert record.entity_id == "sensor-7"
     assert record.window_key == "sensor-7/temp/60s/1700000000"
+    assert (record.window_metric, dict(record.window_dimensions)) == (
+        "temperature",
+        {"site": "roof"},
+    )
+    assert record.window_start.seconds == 1_700_000_000
+    assert record.window_end.seconds == 1_700_000_060
     assert list(record.window_sources) == [
         OffsetRange(
             topic="aistack.events.clean", partition=2, min_offset=40, max_offset=51, count=9
