@@ -36,6 +36,40 @@ def add_parser(commands: Any) -> None:
     predict.set_defaults(run=run)
 
 
+#: The typed contents field of each protocol datatype.
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def output_array(result: Any, name: str) -> np.ndarray[Any, Any]:
+    """Output ``name`` of a tritonclient result, raw or typed: tritonclient's
+    ``as_numpy`` reads raw contents only, and the server answers a request
+    without raw inputs (one by entity) with typed contents, as the protocol
+    allows."""
+    import numpy as np
+
+    response = result.get_response()
+    if response.raw_output_contents:
+        return np.asarray(result.as_numpy(name))
+    for output in response.outputs:
+        if output.name == name:
+            values = getattr(output.contents, _CONTENTS[output.datatype])
+            return np.asarray(list(values)).reshape(list(output.shape))
+    raise FailedPrecondition(f"the response has no output {name!r}")
+
+
 def read_input(text: str) -> np.ndarray[Any, Any]:
     """An array from a .npy file, a JSON file or a JSON literal."""
     import numpy as np
@@ -105,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     response = result.get_response()
     print(f"model {response.model_name} version {response.model_version}")
     for output in metadata["outputs"]:
-        values = result.as_numpy(output["name"])
+        values = output_array(result, output["name"])
         print(f"{output['name']} {list(values.shape)}: {np.array2string(values, precision=4)}")
         if output["name"] == "probabilities":
             print(f"predicted class: {values.argmax(axis=-1).tolist()}")

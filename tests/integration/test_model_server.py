@@ -400,6 +400,17 @@ def test_entity_features_come_from_the_online_store(
             stub.ModelInfer(unknown)
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
         assert "nobody" in (missing.value.details() or "")
+    # `aistack predict --entity`: tritonclient, so in a process of its own.
+    predicted = subprocess.run(
+        [sys.executable, "-m", "compose.cli", "predict", "forecast", "--entity", "sensor-7",
+         "--url", server.address],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert predicted.returncode == 0, predicted.stderr
+    value = got.outputs[0].contents.fp32_contents[0]
+    printed = predicted.stdout.splitlines()[1]
+    assert printed.startswith("prediction [1, 1]: [[")
+    assert float(printed.split("[[")[1].rstrip("]")) == pytest.approx(value, abs=1e-4)
 
 
 def readme_prediction() -> str:
