@@ -187,6 +187,24 @@ def test_a_prediction_by_entity_is_traced_to_the_raw_offset_under_it(
     )
     assert window.count == 1 and list(window.sources), window
 
+    import pyarrow.dataset as ds
+
+    offline_root = stack.settings.infra.common.state_dir / "features" / "windows"
+
+    def stored() -> int | None:
+        # The offline store is written beside Kafka, not before it: the study
+        # must find the traced window there.
+        if not offline_root.is_dir():
+            return None
+        store = ds.dataset(offline_root, format="parquet", partitioning="hive")
+        if "entity_id" not in store.schema.names:
+            return None
+        rows = store.to_table(filter=ds.field("entity_id") == traced, columns=["window_start"])
+        starts = {value.replace(tzinfo=UTC) for value in rows.column(0).to_pylist()}
+        return len(starts) if last_start in starts else None
+
+    assert eventually("the traced window in the offline store", stored, 120, stack) >= MINUTES
+
     spec = load_spec(FORECAST.format(run=run))
     with grpc.insecure_channel(stack.tuner_target) as channel:
         tuner = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -203,6 +221,8 @@ def test_a_prediction_by_entity_is_traced_to_the_raw_offset_under_it(
     with grpc.insecure_channel(stack.model_target) as channel:
         model = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
 
+        refusals: list[str] = []
+
         def predicted() -> pb.ModelInferResponse | None:
             request = pb.ModelInferRequest(model_name=best.model_name)
             request.parameters["entity_id"].string_param = traced
@@ -210,10 +230,14 @@ def test_a_prediction_by_entity_is_traced_to_the_raw_offset_under_it(
                 response: pb.ModelInferResponse = model.ModelInfer(request, timeout=30)
             except grpc.RpcError as exc:
                 assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
+                refusals.append(exc.details() or "")
                 return None
             return response
 
-        response = eventually("a prediction by entity", predicted, 120, stack)
+        try:
+            response = eventually("a prediction by entity", predicted, 180, stack)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the server said: {refusals[-1:]}") from exc
     request_id = response.parameters["request_id"].string_param
     assert request_id and response.id == request_id
 

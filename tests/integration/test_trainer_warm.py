@@ -126,7 +126,10 @@ def test_a_prune_stops_a_warm_run_and_the_executor_trains_the_next_trial(warm: S
         ),
     )
     final = warm.final(slow.trial_id, timeout=120)
-    assert final.WhichOneof("event") == "pruned" and final.pruned.step <= seen + 1
+    # The prune reaches the run at an epoch's end: the one under way when it
+    # was sent, or, when the worker polls it a moment after that epoch
+    # ended (a loaded machine), the next.
+    assert final.WhichOneof("event") == "pruned" and final.pruned.step <= seen + 2
 
     after = trial_request(f"after-prune-{uuid.uuid4().hex[:8]}", 0, epochs=1)
     warm.send(after)
