@@ -30,7 +30,7 @@ from compose.settings import LineageSettings
 from shared.bus.consumer import read_to_end
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, models_pb2, predictions_pb2
 from shared.errors import AistackError, InvalidArgument, NotFound
-from shared.feature_store import WEB_LATENCY
+from shared.feature_store import WEB_LATENCY, merge_sources
 from shared.objective import version_number
 from shared.settings import KafkaSettings
 
@@ -352,7 +352,7 @@ def _windows_in(files: list[str]) -> tuple[int, Windows, list[common_pb2.OffsetR
 
     count = 0
     windows = Windows()
-    merged: dict[tuple[str, int], common_pb2.OffsetRange] = {}
+    spans: list[dict[str, Any]] = []
     for path in files:
         if "sources" not in pq.read_schema(path).names:
             continue
@@ -377,16 +377,8 @@ def _windows_in(files: list[str]) -> tuple[int, Windows, list[common_pb2.OffsetR
         ):
             count += 1
             windows.add((entity, metric, dimension or ""), start, end)
-            for source in sources or ():
-                key = (source["topic"], source["partition"])
-                span = merged.get(key)
-                if span is None:
-                    merged[key] = common_pb2.OffsetRange(**source)
-                else:
-                    span.min_offset = min(span.min_offset, source["min_offset"])
-                    span.max_offset = max(span.max_offset, source["max_offset"])
-                    span.count += source["count"]
-    return count, windows, [merged[key] for key in sorted(merged)]
+            spans.extend(sources or ())
+    return count, windows, [common_pb2.OffsetRange(**span) for span in merge_sources(spans)]
 
 
 def _fed(logged: predictions_pb2.PredictionLogged) -> Windows:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.bus.topics import EVENTS_CLEAN, MODELS_READY, PREDICTIONS
+from shared.bus.topics import MODELS_READY, PREDICTIONS
 from shared.settings import CommonSettings, ServiceSettings
 
 
@@ -166,7 +166,6 @@ class LineageSettings(ServiceSettings):
 
     predictions_topic: str = PREDICTIONS
     models_topic: str = MODELS_READY
-    clean_topic: str = EVENTS_CLEAN
     # How long reading one topic to its end may take.
     timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     # How many raw records each branch prints.

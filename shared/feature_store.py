@@ -26,6 +26,8 @@ A model fed by entity takes a window's ``FEATURE_STATS``, in that order.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -70,6 +72,25 @@ OFFLINE_COLUMNS = (
     "last_event_time",
     "sources",
 )
+
+
+def merge_sources(
+    sources: Iterable[Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """Offset ranges (``sources`` entries, as dicts) merged per (topic,
+    partition): the least and greatest offset and the summed count, sorted
+    by topic and partition. What many windows' sources span together."""
+    merged: dict[tuple[str, int], dict[str, Any]] = {}
+    for source in sources:
+        key = (source["topic"], source["partition"])
+        span = merged.get(key)
+        if span is None:
+            merged[key] = dict(source)
+        else:
+            span["min_offset"] = min(span["min_offset"], source["min_offset"])
+            span["max_offset"] = max(span["max_offset"], source["max_offset"])
+            span["count"] += source["count"]
+    return [merged[key] for key in sorted(merged)]
 
 
 #: The online store's default key prefix (svc_transform's and svc_model's

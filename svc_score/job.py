@@ -25,6 +25,7 @@ from google.protobuf import json_format
 from shared import model_loading
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import AistackError, InvalidArgument
+from shared.feature_store import merge_sources
 from shared.log import get_logger
 from svc_score.plan import BadInput, Plan, plan
 from svc_score.publish import Layout, Publication, publish
@@ -205,15 +206,8 @@ def files_lineage(output: Path) -> dict[str, dict[str, Any]]:
         names = pq.read_schema(path).names
         entry: dict[str, Any] = {"rows": pq.read_metadata(path).num_rows}
         if "sources" in names:
-            merged: dict[tuple[str, int], dict[str, Any]] = {}
-            for sources in pq.read_table(path, columns=["sources"]).column(0).to_pylist():
-                for source in sources or ():
-                    key = (source["topic"], source["partition"])
-                    span = merged.setdefault(key, {**source, "count": 0})
-                    span["min_offset"] = min(span["min_offset"], source["min_offset"])
-                    span["max_offset"] = max(span["max_offset"], source["max_offset"])
-                    span["count"] += source["count"]
-            entry["sources"] = [merged[key] for key in sorted(merged)]
+            rows = pq.read_table(path, columns=["sources"]).column(0).to_pylist()
+            entry["sources"] = merge_sources(source for sources in rows for source in sources or ())
         lineage[path.name] = entry
     return lineage
 

@@ -145,7 +145,6 @@ def logged(infra: Infra, tmp_path: Path) -> tuple[LineageSettings, dict[str, obj
         kafka=infra.kafka,
         predictions_topic=names["predictions"],
         models_topic=names["models"],
-        clean_topic=names["clean"],
     )
     return settings, {"names": names, "raw": raw, "run": run, "model": model, "entity": entity}
 
