@@ -6,8 +6,10 @@ cleaned, dead-lettered, aggregated into windows; a digits study fanned out
 over the trainers (PyTorch and TensorFlow trials, TPE with ASHA pruning), the
 default configuration and a scikit-learn SVC on the same split; a forecasting
 study on the windows Spark wrote; the best model served and called over gRPC
-on held-out digits and on an entity's latest features. Ends with one summary
-table and stops the stack unless ``--keep``.
+on held-out digits and on an entity's latest features; then the loop: the
+sensors shift, the monitor reports drift, a warm-started re-tune runs and the
+champion rule decides what serves (``compose.demo_loop``). Ends with one
+summary table and stops the stack unless ``--keep``.
 
 A service that dies during the demo is shown with its last log lines, and
 the demo exits non-zero. This process talks to the services only as a client
@@ -23,10 +25,12 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO, TypeVar, cast
 
 from compose.demo_console import Console, ProgressOut, ServiceDied, Summary
+from compose.demo_loop import FIRST_SPAN_SECONDS, SHIFT_SPAN_SECONDS, LoopStep
 from compose.demo_serving import ServingStep
 from compose.settings import StackSettings
 from compose.stack import ServiceStack, ServiceStatus
@@ -100,7 +104,16 @@ class Demo:
         forecast, cross_validations = self._forecast_study(digits)
         self._comparison(*cross_validations)
         ServingStep(self.stack, self.console, self.summary, self._wait).run(digits, forecast)
-        self.console.step(7, f"done in {self.console.elapsed:.0f} s")
+        LoopStep(
+            self.stack,
+            self.console,
+            self.summary,
+            self._kafka(),
+            self._wait,
+            finish_study=self._watch_to_end,
+            tuner=self._tuner,
+        ).run(forecast, self.args.sensor_events)
+        self.console.step(8, f"done in {self.console.elapsed:.0f} s")
         self.summary.add("demo wall time", f"{self.console.elapsed:.0f} s")
         return self.summary
 
@@ -166,6 +179,8 @@ class Demo:
         # Fresh events each run: svc_ingest's dedup table remembers earlier
         # runs' event ids (and drops them, as it should).
         run_seed = int(time.time())
+        # Ending SHIFT_SPAN_SECONDS ago: step 7's shifted readings come after.
+        first_end = datetime.now(UTC) - timedelta(seconds=SHIFT_SPAN_SECONDS)
         for kind, count, seed in (
             ("sensors", args.sensor_events, run_seed),
             ("weblogs", args.weblog_events, run_seed + 1),
@@ -176,6 +191,8 @@ class Demo:
                 bad_fraction=BAD_FRACTION,
                 duplicate_fraction=DUPLICATE_FRACTION,
                 seed=seed,
+                now=first_end,
+                span_seconds=FIRST_SPAN_SECONDS,
             )
             outcome = send(records, producer, EVENTS_RAW, rate=0)
             sent.update(good=outcome.good, bad=outcome.bad, duplicate=outcome.duplicate)
@@ -270,29 +287,31 @@ class Demo:
         return spec
 
     def _study(self, spec: Any, *, watch: bool) -> StudyOutcome:
-        from compose.study import watch as watch_study
         from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+
+        created = self._tuner(lambda stub: stub.CreateStudy(api.CreateStudyRequest(spec=spec)))
+        study_id: str = created.study.study_id
+        self.console.line(f"  study {study_id} created")
+        return self._watch_to_end(study_id) if watch else StudyOutcome(study_id, {}, None)
+
+    def _watch_to_end(self, study_id: str) -> StudyOutcome:
+        """Watch an existing study's trials until it ends; its outcome."""
+        from compose.study import watch as watch_study
         from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
         from shared.rpc.client import open_channel
 
-        async def create_and_watch() -> str:
+        async def watching() -> None:
             async with open_channel(self.stack.tuner_target) as channel:
                 stub = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
-                created = await stub.CreateStudy(api.CreateStudyRequest(spec=spec))
-                study_id: str = created.study.study_id
-                self.console.line(f"  study {study_id} created")
-                if watch:
-                    watching = asyncio.ensure_future(
-                        watch_study(stub, study_id, cast(TextIO, ProgressOut(self.console)))
-                    )
-                    while not watching.done():
-                        await asyncio.to_thread(self.check_services)
-                        await asyncio.wait({watching}, timeout=2.0)
-                    watching.result()
-                return study_id
+                out = cast(TextIO, ProgressOut(self.console))
+                task = asyncio.ensure_future(watch_study(stub, study_id, out))
+                while not task.done():
+                    await asyncio.to_thread(self.check_services)
+                    await asyncio.wait({task}, timeout=2.0)
+                task.result()
 
-        study_id = asyncio.run(create_and_watch())
-        return self._finish(study_id) if watch else StudyOutcome(study_id, {}, None)
+        asyncio.run(watching())
+        return self._finish(study_id)
 
     def _finish(self, study_id: str) -> StudyOutcome:
         """Wait for the study to end; its trial counts and best trial."""

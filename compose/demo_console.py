@@ -11,7 +11,7 @@ from typing import TextIO
 from shared.errors import AistackError
 
 #: The demo's numbered steps.
-STEPS = 7
+STEPS = 8
 
 
 class ServiceDied(AistackError):

@@ -95,7 +95,7 @@ class ServingStep:
         name = forecast.best.model_name
         redis = make_redis(RedisSettings(url=self.stack.redis_url))
         try:
-            entity, window = _an_entity(redis, FORECAST_FEATURE)
+            entity, window = an_entity(redis, FORECAST_FEATURE)
         finally:
             redis.close()
         if entity is None:
@@ -136,7 +136,7 @@ def _request(name: str, x: Any) -> Any:
     return request
 
 
-def _an_entity(redis: Any, feature: str) -> tuple[str | None, bytes]:
+def an_entity(redis: Any, feature: str) -> tuple[str | None, bytes]:
     prefix = ONLINE_KEY_PREFIX
     for key in redis.scan_iter(match=online_key(prefix, "*"), count=500):
         window = redis.hget(key, feature)

@@ -93,6 +93,7 @@ class StackSettings(BaseSettings):
     tuner_metrics_port: int = Field(default=9104, ge=1, le=65535)
     trainer_metrics_port: int = Field(default=9105, ge=1, le=65535)
     model_metrics_port: int = Field(default=9106, ge=1, le=65535)
+    monitor_metrics_port: int = Field(default=9107, ge=1, le=65535)
 
     infra: InfraSettings = Field(default_factory=InfraSettings)
 
@@ -145,6 +146,9 @@ class StackSettings(BaseSettings):
                 "metrics",
                 self.transform_metrics_port,
                 f"{stack}TRANSFORM_METRICS_PORT",
+            ),
+            PortUse(
+                "svc_monitor", "metrics", self.monitor_metrics_port, f"{stack}MONITOR_METRICS_PORT"
             ),
         ]
         for i, name in enumerate(self.trainer_names()):

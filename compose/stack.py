@@ -76,7 +76,7 @@ class _Service(ManagedProcess):
 
 class ServiceStack:
     """The local infrastructure plus svc_ingest, svc_transform, svc_tuner,
-    ``settings.trainers`` svc_trainer replicas and svc_model."""
+    ``settings.trainers`` svc_trainer replicas, svc_model and svc_monitor."""
 
     def __init__(self, settings: StackSettings) -> None:
         self.settings = settings
@@ -155,6 +155,16 @@ class ServiceStack:
                 (host, s.model_port),
                 AISTACK_MODEL_GRPC_ADDRESS=f"{host}:{s.model_port}",
                 AISTACK_MODEL_METRICS_PORT=str(s.model_metrics_port),
+            )
+        )
+        # The drift monitor serves metrics before it replays its topics.
+        services.append(
+            service(
+                "svc_monitor",
+                "svc_monitor",
+                (f"metrics :{s.monitor_metrics_port}",),
+                (local, s.monitor_metrics_port),
+                AISTACK_MONITOR_METRICS_PORT=str(s.monitor_metrics_port),
             )
         )
         self._services = {svc.name: svc for svc in services}

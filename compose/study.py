@@ -1,4 +1,5 @@
-"""``aistack study``: create, watch, inspect and stop tuning studies on svc_tuner.
+"""``aistack study``: create, watch, inspect, stop and replay tuning studies on
+svc_tuner.
 
 A client of ``aistack.v1.TunerService`` over gRPC; the tuner validates specs
 (an invalid one comes back as INVALID_ARGUMENT naming the field).
@@ -107,6 +108,13 @@ def add_parser(commands: Any) -> None:
     ):
         action = actions.add_parser(name, help=text)
         action.add_argument("study_id")
+    replay = actions.add_parser(
+        "replay",
+        help="re-run a finished study's proposals from its log and compare them "
+        "(exit 1 when they differ)",
+    )
+    replay.add_argument("study_id")
+    replay.add_argument("--json", action="store_true", help="the whole replay as JSON")
     study.set_defaults(run=run)
 
 
@@ -155,6 +163,13 @@ async def _dispatch(stub: TunerServiceStub, args: argparse.Namespace) -> int:
         best = await stub.GetBestTrial(api.GetBestTrialRequest(study_id=args.study_id))
         print(describe_trial(best.trial))
         return 0
+    if args.action == "replay":
+        replayed = await stub.ReplayStudy(api.ReplayStudyRequest(study_id=args.study_id))
+        if args.json:
+            print(json_format.MessageToJson(replayed, sort_keys=True))
+        else:
+            print("\n".join(describe_replay(replayed)))
+        return 0 if replayed.identical else 1
     if args.action == "stop":
         stopped = await stub.StopStudy(api.StopStudyRequest(study_id=args.study_id))
         print(f"study {args.study_id}: {api.StudyState.Name(stopped.study.state)}")
@@ -218,3 +233,37 @@ def describe_study(study: api.Study) -> str:
     if study.HasField("best_trial"):
         lines.append("best: " + describe_trial(study.best_trial))
     return "\n".join(lines)
+
+
+def describe_replay(replayed: api.ReplayStudyResponse) -> list[str]:
+    """One line per trial (its logged parameters, and the replayed ones where
+    they differ), then the verdict."""
+    lines = []
+    for trial in replayed.trials:
+        state = api.TrialState.Name(trial.state).removeprefix("TRIAL_STATE_").lower()
+        how = "enqueued" if trial.enqueued else "sampled"
+        logged = _params(trial.logged_params)
+        if trial.matches:
+            lines.append(f"trial {trial.number} ({state}, {how}): logged = replayed: {logged}")
+        else:
+            replayed_params = _params(trial.replayed_params)
+            lines.append(
+                f"trial {trial.number} ({state}, {how}): logged {logged} != replayed "
+                f"{replayed_params}"
+            )
+    differ = [str(t.number) for t in replayed.trials if not t.matches]
+    if replayed.identical:
+        verdict = f"identical: {len(replayed.trials)} trials proposed as logged"
+    else:
+        verdict = f"differs: trials {', '.join(differ)} proposed otherwise than logged"
+    lines.append(f"study {replayed.study_id}: replay {verdict}")
+    return lines
+
+
+def _params(params: Mapping[str, common_pb2.ParamValue]) -> str:
+    return ", ".join(f"{name}={_value(value)!r}" for name, value in sorted(params.items())) or "-"
+
+
+def _value(value: common_pb2.ParamValue) -> Any:
+    kind = value.WhichOneof("kind")
+    return None if kind is None else getattr(value, kind)

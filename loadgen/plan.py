@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Literal
 
-from loadgen import faults
+from loadgen import faults, timestamps
 from loadgen.records import EventIds, Format, JsonDraft, Kind, RawRecord, Source, good
 from loadgen.sensors import SensorSource
 from loadgen.weblogs import WebSource
@@ -34,6 +35,8 @@ def generate(
     seed: int = 0,
     now: datetime | None = None,
     allow_large: bool = True,
+    span_seconds: float = timestamps.DEFAULT_SPAN_SECONDS,
+    shift: Mapping[str, float] | None = None,
 ) -> list[RawRecord]:
     """Exactly ``count`` records for aistack.events.raw.
 
@@ -41,9 +44,16 @@ def generate(
     ``too_large`` at most once per 1000 records, only when ``allow_large``),
     ``round(count * duplicate_fraction)`` are exact re-sends of an earlier good
     record, the rest are good with unique event ids. Event times lie in the
-    hour before ``now`` (default: the current time). The same seed and ``now``
-    give the same records. Raises InvalidArgument for impossible arguments.
+    ``span_seconds`` (an hour) before ``now`` (default: the current time).
+    ``shift`` (sensors only) adds to each named metric's readings in its
+    canonical unit (°C for temperature): a distribution that drifted. The
+    same arguments give the same records. Raises InvalidArgument for
+    impossible arguments.
     """
+    if not (math.isfinite(span_seconds) and span_seconds >= 1.0):
+        raise InvalidArgument(f"span must be at least one second, got {span_seconds}")
+    if shift and kind != "sensors":
+        raise InvalidArgument("a shift applies to sensor readings only")
     formats, weights = _formats(kind, fmt)
     n_bad, n_dup = _counts(count, bad_fraction, duplicate_fraction)
     moment = datetime.now(UTC) if now is None else now
@@ -52,7 +62,9 @@ def generate(
     rng = random.Random(seed)
     ids = EventIds(rng)
     source: Source = (
-        SensorSource(rng, moment, ids) if kind == "sensors" else WebSource(rng, moment, ids)
+        SensorSource(rng, moment, ids, span_seconds=span_seconds, shift=shift)
+        if kind == "sensors"
+        else WebSource(rng, moment, ids, span_seconds=span_seconds)
     )
 
     originals = [

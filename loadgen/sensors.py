@@ -88,19 +88,32 @@ def _canonical_value(rng: random.Random, metric: str, indoor: bool) -> float:
 
 
 class SensorSource:
-    """Readings from a fixed fleet of devices, times in the hour before ``now``."""
+    """Readings from a fixed fleet of devices, times in the ``span_seconds``
+    before ``now``; ``shift`` adds to a metric's readings (in its canonical
+    unit, before conversion to the device's), to move its distribution."""
 
-    def __init__(self, rng: random.Random, now: datetime, ids: EventIds, fleet: int = 48) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        now: datetime,
+        ids: EventIds,
+        fleet: int = 48,
+        *,
+        span_seconds: float = timestamps.DEFAULT_SPAN_SECONDS,
+        shift: Mapping[str, float] | None = None,
+    ) -> None:
         self._rng = rng
         self._now = now
         self._ids = ids
         self._devices = _devices(rng, fleet)
+        self._span_seconds = span_seconds
+        self._shift = dict(shift or {})
 
     def draft(self, fmt: Format, *, structured: bool = False) -> Draft:
         if fmt == "log":
             raise ValueError("sensors have no log-line form")
         device = self._rng.choice(self._devices)
-        moment = timestamps.recent(self._rng, self._now)
+        moment = timestamps.recent(self._rng, self._now, self._span_seconds)
         readings = [
             (metric, unit, round(_UNITS[metric][unit](self._canonical(metric, device)), 2))
             for metric, unit in device.units
@@ -110,7 +123,7 @@ class SensorSource:
         return self._json(device, moment, readings)
 
     def _canonical(self, metric: str, device: Device) -> float:
-        return _canonical_value(self._rng, metric, device.indoor)
+        return _canonical_value(self._rng, metric, device.indoor) + self._shift.get(metric, 0.0)
 
     def _json(
         self, device: Device, moment: datetime, readings: list[tuple[str, str, float]]

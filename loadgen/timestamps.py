@@ -15,9 +15,15 @@ _STYLES = ("iso", "iso", "epoch_s", "epoch_s_float", "epoch_ms", "epoch_us")
 Stamp = str | int | float
 
 
-def recent(rng: random.Random, now: datetime) -> datetime:
-    """A moment in the hour before ``now`` (at least a second before it)."""
-    return now - timedelta(seconds=rng.uniform(1.0, 3600.0))
+#: How far back event times go by default: an hour.
+DEFAULT_SPAN_SECONDS = 3600.0
+
+
+def recent(
+    rng: random.Random, now: datetime, span_seconds: float = DEFAULT_SPAN_SECONDS
+) -> datetime:
+    """A moment in the ``span_seconds`` before ``now`` (at least a second before it)."""
+    return now - timedelta(seconds=rng.uniform(1.0, max(1.0, span_seconds)))
 
 
 def future(rng: random.Random, now: datetime) -> datetime:

@@ -104,12 +104,20 @@ def _size(rng: random.Random, status: int, path: str) -> int:
 
 
 class WebSource:
-    """Requests to a handful of web hosts, in the hour before ``now``."""
+    """Requests to a handful of web hosts, in the ``span_seconds`` before ``now``."""
 
-    def __init__(self, rng: random.Random, now: datetime, ids: EventIds) -> None:
+    def __init__(
+        self,
+        rng: random.Random,
+        now: datetime,
+        ids: EventIds,
+        *,
+        span_seconds: float = timestamps.DEFAULT_SPAN_SECONDS,
+    ) -> None:
         self._rng = rng
         self._now = now
         self._ids = ids
+        self._span_seconds = span_seconds
         # Log lines carry no id: svc_ingest dedups them by content hash, so two
         # distinct requests must never print the same line.
         self._lines: set[str] = set()
@@ -121,7 +129,7 @@ class WebSource:
         return Request(
             host=rng.choice(_HOSTS),
             client=_client(rng),
-            moment=timestamps.recent(rng, self._now),
+            moment=timestamps.recent(rng, self._now, self._span_seconds),
             offset=timestamps.offset(rng),
             method=method,
             path=path,

@@ -93,6 +93,11 @@ def merge_sources(
     return [merged[key] for key in sorted(merged)]
 
 
+#: Options of a read of the offline store (svc_trainer's ``features``
+#: dataset) bounding the windows by their start, inclusive, as RFC 3339
+#: timestamps: what svc_tuner sets for a re-tune's fresh data.
+WINDOW_FROM, WINDOW_TO = "window_from", "window_to"
+
 #: The online store's default key prefix (svc_transform's and svc_model's
 #: ``online_key_prefix`` setting).
 ONLINE_KEY_PREFIX = "aistack:features:"
@@ -101,6 +106,14 @@ ONLINE_KEY_PREFIX = "aistack:features:"
 def online_key(prefix: str, entity_id: str) -> str:
     """The Redis hash holding ``entity_id``'s latest windows."""
     return f"{prefix}{entity_id}"
+
+
+def window_kind(size_seconds: int, slide_seconds: int) -> str:
+    """A window kind's name, as in the offline store's ``window=`` partition
+    and online fields: ``tumbling-60s``, ``sliding-300s-every-60s``."""
+    if slide_seconds == size_seconds:
+        return f"tumbling-{size_seconds}s"
+    return f"sliding-{size_seconds}s-every-{slide_seconds}s"
 
 
 def online_field(metric: str, window: str, path: str = "") -> str:

@@ -11,6 +11,14 @@ of a study and the model server's champion version of a model.
 - Equal values: the earlier result wins (the lower trial number, which is
   the lower model version), so the outcome does not depend on the order in
   which results arrive, and the champion is the study's best trial's model.
+- A version trained against a baseline (a re-tune's trial: the serving
+  version measured on the new version's own validation split, labelled
+  ``BASELINE_VERSION`` with the metric ``baseline_metric(objective)``) is
+  judged against the version it names by those two values, data for data,
+  when that version is the champion it would replace: it takes over only if
+  it beats it there. Its stale value from older data never decides. Other
+  versions compare as above; the champion is found walking versions in
+  order, so the outcome still depends only on the set of versions.
 
 The tuner marks a refit in its trial request's ``task.options`` (``REFIT``);
 trainers copy that into the model's labels, where the model server and batch
@@ -29,8 +37,20 @@ from shared.errors import InvalidArgument
 
 #: The task option (trial request) and model label that mark a refit.
 REFIT = "refit"
+#: The model label naming the version a model was measured against.
+BASELINE_VERSION = "baseline_version"
+#: The task option offsetting a study's model versions (version = offset +
+#: trial number + 1): a re-tune publishes under its model's name after the
+#: versions of the studies before it, never over them.
+VERSION_OFFSET = "model_version_offset"
 
 T = TypeVar("T")
+
+
+def baseline_metric(metric: str) -> str:
+    """The metric holding the baseline's value of ``metric`` on a trial's
+    validation split: ``baseline_val_mae``."""
+    return f"baseline_{metric}"
 
 
 def is_refit(options: Mapping[str, str]) -> bool:
@@ -104,8 +124,37 @@ def model_standing(event: models_pb2.ModelReady) -> Standing:
     )
 
 
+def baseline_standing(event: models_pb2.ModelReady) -> Standing | None:
+    """How the version the event was measured against stood on the event's
+    own validation data; None when it names no baseline or lacks its value."""
+    named = event.labels.get(BASELINE_VERSION, "")
+    metric = baseline_metric(event.objective.metric)
+    if not named.isdigit() or int(named) < 1 or metric not in event.metrics:
+        return None
+    return Standing.of(event.metrics[metric], event.objective.direction, int(named))
+
+
+def beats_baseline(value: float | None, baseline: float | None, direction: int) -> bool:
+    """Whether a challenger's ``value`` beats the ``baseline``'s on the same
+    data: strictly better (a tie keeps the baseline); a missing value never
+    beats, and any value beats a missing baseline."""
+    return Standing.of(value, direction, 1).beats(Standing.of(baseline, direction, 0))
+
+
+def supersedes(event: models_pb2.ModelReady, current: models_pb2.ModelReady) -> bool:
+    """Whether ``event`` takes the champion's place from ``current``."""
+    baseline = baseline_standing(event)
+    if baseline is not None and baseline.order == version_number(current.version):
+        return model_standing(event).beats(baseline)
+    return model_standing(event).beats(model_standing(current))
+
+
 def champion(events: Iterable[models_pb2.ModelReady]) -> models_pb2.ModelReady | None:
-    """The version of one model that beats every other on the rule above
-    (None for no events): what the model server serves under its champion
-    policy, and what batch scoring scores when no version is named."""
-    return top(sorted(events, key=lambda e: version_number(e.version)), model_standing)
+    """The champion of one model's versions by the rule above (None for no
+    events): what the model server serves under its champion policy, and what
+    batch scoring scores when no version is named."""
+    current: models_pb2.ModelReady | None = None
+    for event in sorted(events, key=lambda e: version_number(e.version)):
+        if current is None or supersedes(event, current):
+            current = event
+    return current

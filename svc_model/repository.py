@@ -14,7 +14,7 @@ from typing import Any
 
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import NotFound
-from shared.objective import champion, model_standing, version_number
+from shared.objective import champion, supersedes, version_number
 from svc_model.settings import Policy
 
 READY = "READY"
@@ -60,7 +60,7 @@ def better(new: models_pb2.ModelReady, current: models_pb2.ModelReady, policy: P
     """Whether ``new`` should replace ``current`` as the serving version."""
     if policy == "latest":
         return version_number(new.version) > version_number(current.version)
-    return model_standing(new).beats(model_standing(current))
+    return supersedes(new, current)
 
 
 def wanted(events: Iterable[models_pb2.ModelReady], policy: Policy, keep: int) -> list[int]:
@@ -103,9 +103,18 @@ class Repository:
         model.known.setdefault(served.version, served.event)
         model.failed.pop(served.version, None)
         model.loaded[served.version] = served
-        promoted = model.champion is None or better(served.event, model.champion.event, self.policy)
-        if promoted:
-            model.champion = served
+        previous = model.champion
+        if self.policy == "latest":
+            if previous is None or better(served.event, previous.event, self.policy):
+                model.champion = served
+        else:
+            # The whole rule over what is loaded, not this version against the
+            # champion alone: a re-tune's version judged against a version
+            # that loads after it must be judged again then.
+            top = champion(s.event for s in model.loaded.values())
+            assert top is not None  # served itself is loaded
+            model.champion = model.loaded[version_number(top.version)]
+        promoted = model.champion is not previous
         keep = set(sorted(model.loaded)[-self.keep :])
         if model.champion is not None:
             keep.add(model.champion.version)

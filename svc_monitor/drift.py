@@ -1,11 +1,12 @@
 """Whether a feature's recent windows still look like the data a model was
-trained on (issue 21, first step: the statistics; the service that feeds
-them from aistack.features.windows comes next).
+trained on: the statistics (``svc_monitor.watch`` feeds them the horizon of
+``aistack.features.windows``).
 
 A model version keeps, per window statistic it reads (mean, stddev, …), a
-``Reference``: quantiles of that statistic over its training windows and
-how many windows they summarise. Recent windows are compared with it by
-two scores per statistic:
+``Reference``: quantiles of that statistic over its training windows at the
+levels it names, and how many windows they summarise (an
+``aistack.v1.StatisticReference``, read by ``Reference.of_summary``).
+Recent windows are compared with it by two scores per statistic:
 
 - the population stability index over the reference's equal-mass bins
   (PSI: 0.1 is a shift worth a look, 0.25 a large one, by the usual rule);
@@ -15,7 +16,7 @@ two scores per statistic:
 A statistic drifts only when both pass their thresholds and D also passes
 the KS test's critical value for the two sample sizes at ``alpha``: PSI
 alone is biased upwards on small samples, and a fixed D threshold fires on
-noise when few windows are compared. Pure: numpy only.
+noise when few windows are compared. Pure: numpy only, no bus.
 """
 
 from __future__ import annotations
@@ -23,36 +24,77 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-#: Quantile levels a reference keeps: equal-mass bins for PSI, and enough
-#: points for the KS statistic's CDF to be read within a bin's mass.
-LEVELS = tuple(i / 20 for i in range(21))
+from shared.distribution import LEVELS
+
 # Added to every bin's share, so an empty bin costs a finite PSI.
 _SMOOTHING = 1e-4
 
 
+class QuantileSummary(Protocol):
+    """What a reference is read from: ``aistack.v1.StatisticReference``."""
+
+    @property
+    def levels(self) -> Sequence[float]: ...
+
+    @property
+    def quantiles(self) -> Sequence[float]: ...
+
+    @property
+    def windows(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class Reference:
-    """One statistic's training distribution: values at ``LEVELS``."""
+    """One statistic's training distribution: its ``quantiles`` at ``levels``
+    (ascending from 0 to 1, one quantile each, non-decreasing) over
+    ``windows`` training windows. Built by ``of`` or ``of_summary``, which
+    check that."""
 
+    levels: tuple[float, ...]
     quantiles: tuple[float, ...]
     windows: int
 
     @classmethod
-    def of(cls, values: Sequence[float] | NDArray[np.float64]) -> Reference:
-        """The reference of ``values`` (the statistic over the training windows)."""
+    def of(
+        cls, values: Sequence[float] | NDArray[np.float64], levels: Sequence[float] = LEVELS
+    ) -> Reference:
+        """The reference of ``values`` (the statistic over the training
+        windows) at ``levels``; raises ValueError when no value is finite."""
         finite = _finite(values)
         if finite.size == 0:
             raise ValueError("a reference needs at least one finite value")
-        return cls(tuple(float(q) for q in np.quantile(finite, LEVELS)), int(finite.size))
+        quantiles = np.quantile(finite, np.asarray(levels, dtype=np.float64))
+        return cls.of_summary(_Summary(levels, quantiles.tolist(), int(finite.size)))
+
+    @classmethod
+    def of_summary(cls, summary: QuantileSummary) -> Reference:
+        """The reference a message holds; raises ValueError when it is not one
+        (levels not ascending from 0 to 1, a quantile per level that is
+        finite and non-decreasing, at least one window)."""
+        levels = tuple(float(v) for v in summary.levels)
+        quantiles = tuple(float(q) for q in summary.quantiles)
+        if len(levels) < 2 or len(levels) != len(quantiles):
+            raise ValueError(
+                f"{len(levels)} levels and {len(quantiles)} quantiles: "
+                "expected as many, two or more"
+            )
+        if levels[0] != 0.0 or levels[-1] != 1.0 or np.any(np.diff(levels) <= 0):
+            raise ValueError("levels must ascend from 0 to 1")
+        if not np.all(np.isfinite(quantiles)) or np.any(np.diff(quantiles) < 0):
+            raise ValueError("quantiles must be finite and non-decreasing")
+        if summary.windows < 1:
+            raise ValueError(f"a reference summarises at least one window, not {summary.windows}")
+        return cls(levels, quantiles, int(summary.windows))
 
     def cdf(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
         """The reference's CDF at ``x``, linear between its quantiles."""
         edges = np.asarray(self.quantiles)
-        levels = np.asarray(LEVELS)
+        levels = np.asarray(self.levels)
         # A value repeated at several levels (a constant stretch): the CDF
         # jumps there to the highest of them.
         unique = np.unique(edges)
@@ -142,6 +184,13 @@ def assess(
             if judged is not None:
                 scores[name] = judged
     return scores
+
+
+@dataclass(frozen=True)
+class _Summary:
+    levels: Sequence[float]
+    quantiles: Sequence[float]
+    windows: int
 
 
 def _finite(values: Sequence[float] | NDArray[np.float64]) -> NDArray[np.float64]:

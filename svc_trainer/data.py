@@ -69,7 +69,7 @@ def load(
 DATA_OPTIONS: Mapping[str, tuple[str, ...]] = {
     "digits": (),
     "mnist": ("path", "limit", "val_fraction"),
-    "features": ("path", "metric", "window", "lags"),
+    "features": ("path", "metric", "window", "lags", "window_from", "window_to"),
 }
 
 

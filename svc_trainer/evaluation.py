@@ -64,11 +64,13 @@ def prepare(data: DataSplits, options: Mapping[str, str]) -> DataSplits:
 
 
 def refit_splits(data: DataSplits) -> DataSplits:
-    """Training + validation to train on; the test split unchanged."""
+    """Training + validation to train on, and their distribution; the test
+    split unchanged."""
     return replace(
         data,
         x_train=np.concatenate([data.x_train, data.x_val]),
         y_train=np.concatenate([data.y_train, data.y_val]),
+        distribution=data.train_val_distribution,
     )
 
 

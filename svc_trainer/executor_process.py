@@ -12,6 +12,7 @@ import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -140,7 +141,7 @@ def _run_trial(
     log_ = get_logger("svc_trainer")
     try:
         splits, cached = cache.get(job.data)
-        from svc_trainer import evaluation
+        from svc_trainer import baseline, evaluation
 
         splits = evaluation.prepare(splits, spec.options)
         events.send(
@@ -152,8 +153,13 @@ def _run_trial(
                 splits.feature,
                 train_examples=len(splits.y_train),
                 files=splits.files,
+                distribution=splits.distribution,
             )
         )
+        # Only a trial that exports a model is compared with the baseline;
+        # measured before training, so a bad baseline fails the trial at once.
+        measured = spec.export and not evaluation.cv_folds(spec.options)
+        baseline_metrics = baseline.evaluate(spec, splits) if measured else {}
         channel = _PipeChannel(events, stop, beats)
         channel.started_with = {
             "pid": os.getpid(),
@@ -161,6 +167,8 @@ def _run_trial(
             "data_cached": cached,
         }
         result = evaluation.run(runner, spec, splits, channel)
+        if baseline_metrics and result.stopped is StopReason.NONE and result.export_format:
+            result = replace(result, val_metrics={**result.val_metrics, **baseline_metrics})
         events.send(Finished(result))
     except TrialError as exc:
         events.send(Failed(exc.reason, str(exc), retryable=False))

@@ -4,27 +4,41 @@ Parquet offline store (``shared.feature_store`` names its layout).
 An example is one window of a series (entity, path, unit) of the chosen
 metric and window kind: x the ``FEATURE_STATS`` of the ``lags`` windows
 before it, oldest first, y its mean. The split is chronological, so the seed
-changes nothing.
+changes nothing. ``window_from`` / ``window_to`` (RFC 3339, inclusive) keep
+only the windows starting between them, lags and targets alike: a re-tune
+trains on the drifted data alone.
+
+With the splits comes the training distribution (``shared.distribution``):
+per statistic, the quantiles of the lag-1 windows of the training examples
+(the window right before each target, what a served one-lag model reads),
+which the drift monitor compares live windows with.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from google.protobuf import json_format
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
+from shared.contracts.aistack.v1 import models_pb2
+from shared.distribution import training_distribution
 from shared.feature_store import (
     FEATURE_STATS,
     PARTITION_COLUMNS,
     PARTITIONS,
     SERIES_COLUMNS,
+    WINDOW_FROM,
+    WINDOW_TO,
     online_field,
 )
 from svc_trainer.dataset_options import BAD_DATASET, VERSION_CHARS, int_option
@@ -34,6 +48,11 @@ DEFAULT_LAGS = 3
 # Chronological cut points, in percent of the examples.
 TRAIN_PERCENT, VAL_END_PERCENT = 70, 85
 MIN_FEATURE_EXAMPLES = 10
+# Svc_transform writes a micro-batch's Parquet within seconds of its Kafka
+# records; a minute is a store that has stopped, not one behind.
+STORE_CATCH_UP_SECONDS = 60.0
+STORE_POLL_SECONDS = 1.0
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -57,11 +76,22 @@ def feature_names(stat_names: Sequence[str], lags: int) -> list[str]:
     return [f"{stat}_lag{lag}" for lag in range(lags, 0, -1) for stat in stat_names]
 
 
-def load_features(options: Mapping[str, str], features_path: str) -> DataSplits:
+def load_features(
+    options: Mapping[str, str],
+    features_path: str,
+    *,
+    catch_up_seconds: float = STORE_CATCH_UP_SECONDS,
+) -> DataSplits:
     """The dataset from the store at ``options["path"]``, else ``features_path``.
 
+    With ``window_to``, the read waits (up to ``catch_up_seconds``) until the
+    store holds a window of the metric starting at or after it: svc_transform
+    writes Parquet beside Kafka, not before, so a trial asked for windows just
+    seen on the bus (a re-tune) can arrive before their files.
+
     Raises TrialError(reason="bad_dataset") for a missing or unreadable store,
-    an ambiguous or unknown metric or window, bad options or too few examples."""
+    an ambiguous or unknown metric or window, bad options, a store that does
+    not reach ``window_to`` in time, or too few examples."""
     root_text = options.get("path") or features_path
     if not root_text:
         raise TrialError(
@@ -74,20 +104,33 @@ def load_features(options: Mapping[str, str], features_path: str) -> DataSplits:
     store = _open_store(root)
     metric, window = _choose_partition(store, options, root)
     lags = int_option(options, "lags", default=DEFAULT_LAGS, minimum=1)
+    bounds = window_bounds(options)
     selected = _partition_filter(metric, window)
-    windows = _latest_windows(store, selected, f"{root} ({metric} @ {window})")
-    x, y, target_start = _lagged_examples(windows, lags)
+    if bounds[1] is not None:
+        store = _caught_up(root, store, selected, bounds[1], catch_up_seconds)
+    windows = _latest_windows(store, selected, f"{root} ({metric} @ {window})", bounds)
+    x, y, targets = _lagged_examples(windows, lags)
     if len(y) < MIN_FEATURE_EXAMPLES:
         raise TrialError(
             f"{root} gives {len(y)} examples of {metric} @ {window} with {lags} lags "
-            f"(consecutive windows per entity); at least {MIN_FEATURE_EXAMPLES} are needed",
+            f"(consecutive windows per entity{_bounds_text(options)}); "
+            f"at least {MIN_FEATURE_EXAMPLES} are needed",
             reason=BAD_DATASET,
         )
-    train, val, test = chronological_split(target_start)
+    train, val, test = chronological_split(windows.start_us[targets])
     files = sorted(str(fragment.path) for fragment in store.get_fragments(filter=selected))
+    selection = f"{metric}|{window}|{lags}"
+    if bounds != (None, None):
+        # Unbounded reads keep the versions they had before bounds existed.
+        selection += f"|{bounds[0]}|{bounds[1]}"
+
+    def distribution(rows: NDArray[np.intp]) -> str:
+        message = _training_distribution(windows, targets[rows] - 1, metric, window)
+        return json_format.MessageToJson(message, indent=None)
+
     return DataSplits(
         name="features",
-        version=_digest_files(root, files, f"{metric}|{window}|{lags}"),
+        version=_digest_files(root, files, selection),
         task=TASK_REGRESSION,
         x_train=x[train],
         y_train=y[train],
@@ -99,7 +142,94 @@ def load_features(options: Mapping[str, str], features_path: str) -> DataSplits:
         files=tuple(files),
         # Trained on every path's series: by default it reads the path-less field.
         feature=online_field(metric, window) if lags == 1 else "",
+        distribution=distribution(train),
+        train_val_distribution=distribution(np.concatenate([train, val])),
     )
+
+
+def window_bounds(options: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """(``window_from``, ``window_to``) in µs since the epoch, None where
+    absent or empty. Raises TrialError(reason="bad_dataset") naming the option
+    for a value that is not an RFC 3339 timestamp with a zone, or bounds in
+    the wrong order."""
+    low, high = (_timestamp_option(options, name) for name in (WINDOW_FROM, WINDOW_TO))
+    if low is not None and high is not None and low > high:
+        raise TrialError(
+            f'options["{WINDOW_FROM}"]={options[WINDOW_FROM]!r} is after '
+            f'options["{WINDOW_TO}"]={options[WINDOW_TO]!r}',
+            reason=BAD_DATASET,
+        )
+    return low, high
+
+
+def _timestamp_option(options: Mapping[str, str], name: str) -> int | None:
+    text = options.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise TrialError(
+            f'options["{name}"]={text!r}: expected an RFC 3339 timestamp '
+            'such as "2026-11-24T10:00:00Z"',
+            reason=BAD_DATASET,
+        ) from exc
+    if moment.tzinfo is None:
+        raise TrialError(
+            f'options["{name}"]={text!r} has no time zone: add "Z" for UTC', reason=BAD_DATASET
+        )
+    return (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+def _bounds_text(options: Mapping[str, str]) -> str:
+    named = [f"{name} {options[name]}" for name in (WINDOW_FROM, WINDOW_TO) if options.get(name)]
+    return "".join(f", {text}" for text in named)
+
+
+def _training_distribution(
+    windows: _Windows, rows: NDArray[np.intp], metric: str, window: str
+) -> models_pb2.TrainingDistribution:
+    """The ``TrainingDistribution`` of the windows at ``rows`` (non-empty)."""
+    return training_distribution(
+        feature=online_field(metric, window),
+        metric=metric,
+        window=window,
+        statistics={
+            stat: windows.stats[rows, column] for column, stat in enumerate(windows.stat_names)
+        },
+        first_window_start_us=int(windows.start_us[rows].min()),
+        last_window_start_us=int(windows.start_us[rows].max()),
+    )
+
+
+def _caught_up(root: Path, store: Any, selected: Any, until_us: int, seconds: float) -> Any:
+    """The store, read again until a selected window starts at or after
+    ``until_us``; TrialError when none does within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        latest = _latest_start_us(store, selected)
+        if latest is not None and latest >= until_us:
+            return store
+        if time.monotonic() >= deadline:
+            held = "no windows" if latest is None else f"windows up to {_rfc3339(latest)}"
+            raise TrialError(
+                f"{root} holds {held}, not yet {WINDOW_TO} {_rfc3339(until_us)}, "
+                f"after {seconds:g} s",
+                reason=BAD_DATASET,
+            )
+        time.sleep(STORE_POLL_SECONDS)
+        store = _open_store(root)
+
+
+def _latest_start_us(store: Any, selected: Any) -> int | None:
+    column = store.to_table(columns=["window_start"], filter=selected)["window_start"]
+    if not len(column):
+        return None
+    return int(_micros(column).max())
+
+
+def _rfc3339(micros: int) -> str:
+    return (_EPOCH + timedelta(microseconds=micros)).isoformat().replace("+00:00", "Z")
 
 
 def _arrow() -> tuple[Any, Any]:
@@ -168,8 +298,11 @@ def _partition_filter(metric: str, window: str) -> Any:
     return (ds.field("metric") == metric) & (ds.field("window") == window)
 
 
-def _latest_windows(store: Any, selected: Any, where: str) -> _Windows:
-    """The selected windows; of a window a replayed batch wrote again, the latest batch's."""
+def _latest_windows(
+    store: Any, selected: Any, where: str, bounds: tuple[int | None, int | None]
+) -> _Windows:
+    """The selected windows starting within ``bounds`` (µs, inclusive; None:
+    open); of a window a replayed batch wrote again, the latest batch's."""
     names = set(store.schema.names)
     for required in ("window_start", "window_slide", "mean"):
         if required not in names:
@@ -178,6 +311,16 @@ def _latest_windows(store: Any, selected: Any, where: str) -> _Windows:
     series_columns = [c for c in SERIES_COLUMNS if c in names]
     columns = [*series_columns, "window_start", "window_slide", "batch", *stat_names]
     table = store.to_table(columns=columns, filter=selected)
+    low, high = bounds
+    if low is not None or high is not None:
+        start = _micros(table["window_start"])
+        inside = np.ones(len(start), dtype=bool)
+        if low is not None:
+            inside &= start >= low
+        if high is not None:
+            inside &= start <= high
+        pa, _ = _arrow()
+        table = table.filter(pa.array(inside))
     series = _series_codes(table, series_columns)
     start = _micros(table["window_start"])
     batch = _int64(table["batch"])
@@ -200,15 +343,16 @@ def _latest_windows(store: Any, selected: Any, where: str) -> _Windows:
 
 def _lagged_examples(
     windows: _Windows, lags: int
-) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.int64]]:
-    """(x, y, target window start µs), one example per window whose ``lags``
+) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.intp]]:
+    """(x, y, target window rows), one example per window whose ``lags``
     predecessors in its series are all present and consecutive (each starts
     one slide after the one before): x their statistics in ``feature_names``
-    order, y the window's mean. Windows with no finite mean are no target."""
+    order, y the window's mean. Windows with no finite mean are no target.
+    A target's lag-1 window is the row before it."""
     n, width = len(windows.start_us), lags * len(windows.stat_names)
     if n <= lags:
         empty = np.empty((0, width), dtype=np.float32)
-        return empty, np.empty(0, dtype=np.float32), np.empty(0, dtype=np.int64)
+        return empty, np.empty(0, dtype=np.float32), np.empty(0, dtype=np.intp)
     # follows[j]: window j + 1 comes right after window j in the same series.
     follows = (windows.series[1:] == windows.series[:-1]) & (
         windows.start_us[1:] - windows.start_us[:-1] == windows.slide_us[1:]
@@ -219,11 +363,7 @@ def _lagged_examples(
     history = sliding_window_view(windows.stats, (lags, len(windows.stat_names)))[:, 0]
     x = history[: n - lags][usable].reshape(-1, width)
     chosen = targets[usable]
-    return (
-        x.astype(np.float32),
-        windows.mean[chosen].astype(np.float32),
-        windows.start_us[chosen],
-    )
+    return x.astype(np.float32), windows.mean[chosen].astype(np.float32), chosen
 
 
 def chronological_split(
@@ -289,7 +429,7 @@ def _float64(column: Any) -> NDArray[np.float64]:
 
 def _digest_files(root: Path, files: Sequence[str], selection: str) -> str:
     """Changes when a selected file is added, removed, resized or rewritten, or
-    the selection (metric, window, lags) changes."""
+    the selection (metric, window, lags, window bounds) changes."""
     digest = hashlib.sha256(selection.encode())
     for name in files:
         stat = Path(name).stat()

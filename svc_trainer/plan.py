@@ -190,6 +190,13 @@ class DataSplits:
     # "temperature@tumbling-60s") whose latest window is one row of x, so the
     # model server can feed the model by entity.
     feature: str = ""
+    # Window features: the ``aistack.v1.TrainingDistribution``
+    # (``shared.distribution``) of the windows x_train's examples read, and of
+    # those x_train + x_val read (what a refit trains on), as protobuf JSON:
+    # plain text, so the splits still travel as JSON to TensorFlow's workers.
+    # "" for other datasets.
+    distribution: str = ""
+    train_val_distribution: str = ""
 
 
 @dataclass(frozen=True)
@@ -228,6 +235,12 @@ class RunSpec:
     # the directory its driver's JVM runs in. None: this trainer runs no Spark.
     spark: SparkSettings | None = None
     spark_work_dir: str = ""
+    # The model to measure the trial's model against (``task.baseline``), as
+    # protobuf JSON ("" for none; JSON for the same reason as
+    # ``DataSplits.distribution``), and the directory its artifact is
+    # fetched into ("": a temporary one).
+    baseline: str = ""
+    baseline_dir: str = ""
 
 
 @dataclass(frozen=True)
@@ -269,6 +282,8 @@ class DataLoaded:
     # Rows the model trained on (train, or train + validation for a refit).
     train_examples: int = 0
     files: tuple[str, ...] = ()
+    # ``DataSplits.distribution`` of what the model trained on ("" for none).
+    distribution: str = ""
 
 
 class Channel(Protocol):

@@ -12,10 +12,11 @@ import zlib
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
+from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1 import common_pb2, models_pb2, tuning_pb2
-from shared.objective import REFIT, is_refit
+from shared.objective import BASELINE_VERSION, REFIT, VERSION_OFFSET, is_refit
 from shared.settings import SparkSettings
 from svc_trainer import evaluation
 from svc_trainer.plan import (
@@ -108,7 +109,16 @@ def model_name(request: tuning_pb2.TrialRequested) -> str:
 
 
 def model_version(request: tuning_pb2.TrialRequested) -> str:
-    return str(request.trial_number + 1)
+    """The trial's model version: its number + 1, after the request's
+    ``VERSION_OFFSET`` (a re-tune's). TrialError for an offset that is not a
+    non-negative integer."""
+    text = request.task.options.get(VERSION_OFFSET, "0") or "0"
+    if not text.isdigit():
+        raise TrialError(
+            f'options["{VERSION_OFFSET}"]={text!r}: expected a non-negative integer',
+            reason="invalid_params",
+        )
+    return str(int(text) + request.trial_number + 1)
 
 
 def trial_key(request: tuning_pb2.TrialRequested) -> str:
@@ -129,10 +139,12 @@ def run_spec(
     frameworks: Collection[str] = ("torch", "tensorflow"),
     spark: SparkSettings | None = None,
     spark_work_dir: Path | None = None,
+    baseline_dir: Path | None = None,
 ) -> RunSpec:
     """The run for ``request``; TrialError for what no trainer can train.
     ``frameworks``: the runners this trainer has; ``spark``: where a
-    ``launcher: spark`` trial runs (None: nowhere)."""
+    ``launcher: spark`` trial runs (None: nowhere); ``baseline_dir``: where
+    a ``task.baseline``'s artifact is fetched (None: a temporary directory)."""
     task = request.task
     framework = framework_name(request)
     if framework not in frameworks:
@@ -148,6 +160,7 @@ def run_spec(
         raise TrialError(f"task.epochs={task.epochs}: expected at least 1", reason="invalid_params")
     if not request.objective.metric:
         raise TrialError("the trial names no objective metric", reason="unknown_metric")
+    model_version(request)  # a bad version offset fails before training, not after
     seed = request.seed if request.HasField("seed") else zlib.crc32(request.trial_id.encode())
     given = params(request)
     options = dict(task.options)
@@ -177,6 +190,12 @@ def run_spec(
         options=options,
         spark=spark,
         spark_work_dir=str(spark_work_dir or ""),
+        baseline=(
+            json_format.MessageToJson(task.baseline, indent=None)
+            if task.HasField("baseline")
+            else ""
+        ),
+        baseline_dir=str(baseline_dir or ""),
     )
     launcher(spec)
     return spec
@@ -226,6 +245,9 @@ def model_ready(
     )
     for name, value in request.params.items():
         lineage.params[name].CopyFrom(value)
+    distribution = models_pb2.TrainingDistribution()
+    if data is not None and data.distribution:
+        json_format.Parse(data.distribution, distribution)
     return models_pb2.ModelReady(
         model_name=model_name(request),
         version=model_version(request),
@@ -241,6 +263,7 @@ def model_ready(
         lineage=lineage,
         created_time=created,
         labels=_labels(request, data, trainer_id),
+        training_distribution=distribution if distribution.ByteSize() else None,
     )
 
 
@@ -284,6 +307,9 @@ def _labels(
     if data is not None and data.feature:
         # svc_model reads this entity field when a request names an entity.
         labels["feature"] = data.feature
+    if request.task.HasField("baseline"):
+        # With the metric baseline_<objective>: the champion rule's evidence.
+        labels[BASELINE_VERSION] = request.task.baseline.version
     return labels
 
 

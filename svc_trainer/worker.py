@@ -209,6 +209,7 @@ class Worker:
                 frameworks=self._executors.frameworks,
                 spark=settings.spark,
                 spark_work_dir=settings.spark_work_dir(),
+                baseline_dir=self._work / "baselines",
             )
             params = trials.params(request)
             executor = self._executors.executor_for(spec.framework)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
-from shared.feature_store import DIMENSIONS, WEB_LATENCY
+from shared.feature_store import DIMENSIONS, WEB_LATENCY, window_kind
 from svc_transform.functions import (
     DECODE_CLEAN_EVENT,
     ENCODE_FEATURE_WINDOW,
@@ -36,9 +36,7 @@ class WindowSpec:
 
     @property
     def name(self) -> str:
-        if self.slide_seconds == self.size_seconds:
-            return f"tumbling-{self.size_seconds}s"
-        return f"sliding-{self.size_seconds}s-every-{self.slide_seconds}s"
+        return window_kind(self.size_seconds, self.slide_seconds)
 
 
 def window_specs(settings: TransformSettings) -> list[WindowSpec]:

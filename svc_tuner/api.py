@@ -1,5 +1,6 @@
 """``aistack.v1.TunerService`` over the tuner; errors raised here are mapped to
-status codes by the shared server (InvalidArgument → INVALID_ARGUMENT, …)."""
+status codes by the shared server (InvalidArgument → INVALID_ARGUMENT,
+NotFound → NOT_FOUND, FailedPrecondition → FAILED_PRECONDITION, …)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,9 @@ class TunerServicer(tuner_service_pb2_grpc.TunerServiceServicer):
                 yield api.WatchStudyResponse(trial=trial, study_state=state)  # type: ignore[arg-type]
         finally:
             tuner.unwatch(study_id, queue)
+
+    async def ReplayStudy(self, request: api.ReplayStudyRequest, context: Any) -> Any:
+        return await self._tuner.call(self._tuner.replay, request.study_id)
 
     async def _study(self, study_id: str) -> api.Study:
         return await self._tuner.call(self._tuner.study, study_id)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,10 +30,12 @@ from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
 from shared import objective
+from shared.contracts.aistack.v1 import monitoring_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
-from shared.contracts.aistack.v1 import tuning_pb2
-from shared.errors import AlreadyExists, NotFound
+from shared.errors import AlreadyExists, FailedPrecondition, NotFound
 from shared.log import get_logger
+from svc_tuner import replay as replays
+from svc_tuner import retune as retunes
 from svc_tuner import spec as specs
 from svc_tuner.record import (
     QUARANTINED,
@@ -61,6 +63,7 @@ log = get_logger("svc_tuner")
 
 DEFAULT_TRIAL_TIMEOUT_SECONDS = 600.0
 HEARTBEAT_FRACTION = 4  # trainers beat four times per timeout
+_ASKED = (OptunaState.RUNNING, OptunaState.COMPLETE, OptunaState.PRUNED, OptunaState.FAIL)
 
 
 @dataclass
@@ -78,6 +81,17 @@ class Outcome:
         self.changed += other.changed
 
 
+@dataclass(frozen=True)
+class RetuneDecision:
+    """What a drift event started: ``study_id``, the new re-tune (empty: none),
+    and ``why`` (``started``, or why not: ``unknown_study``, ``not_opted_in``,
+    ``repeat``, ``retune_running``); ``other`` the re-tune already running."""
+
+    why: str
+    study_id: str = ""
+    other: str = ""
+
+
 class Engine:
     def __init__(self, storage: BaseStorage, *, clock: Any = time.time) -> None:
         self._storage = storage
@@ -87,9 +101,17 @@ class Engine:
 
     # ---- studies ----
 
-    def create_study(self, spec: tuning_pb2.StudySpec) -> tuple[str, bool]:
+    def create_study(
+        self,
+        spec: tuning_pb2.StudySpec,
+        *,
+        first: Sequence[Mapping[str, Any]] = (),
+        attrs: Mapping[str, Any] | None = None,
+    ) -> tuple[str, bool]:
         """The study's id and whether it is new; the same name with the same
-        spec is the same study, with another spec it is AlreadyExists."""
+        spec is the same study, with another spec it is AlreadyExists. A new
+        study asks the parameter sets ``first`` before any it samples, and
+        carries the user attributes ``attrs``."""
         specs.validate(spec)
         encoded = base64.b64encode(spec.SerializeToString(deterministic=True)).decode()
         try:
@@ -97,17 +119,26 @@ class Engine:
         except KeyError:
             existing = None
         if existing is not None:
-            if self._storage.get_study_user_attrs(existing).get(_SPEC) != encoded:
+            stored = self._storage.get_study_user_attrs(existing).get(_SPEC)
+            if stored is None:
+                # Cut short by a crash before its spec: never used, made anew.
+                optuna.delete_study(study_name=spec.name, storage=self._storage)
+            elif stored != encoded:
                 raise AlreadyExists(f"study {spec.name!r} exists with another spec")
-            return spec.name, False
+            else:
+                return spec.name, False
         study = optuna.create_study(
             storage=self._storage,
             study_name=spec.name,
             direction=specs.direction(spec),
-            sampler=specs.sampler(spec),
+            sampler=specs.seeded_sampler(spec),
             pruner=specs.pruner(spec),
         )
         study.set_user_attr(_CREATED, self._clock())
+        for name, value in (attrs or {}).items():
+            study.set_user_attr(name, value)
+        for params in first:
+            study.enqueue_trial(dict(params), skip_if_exists=False)
         # Written last: a study without its spec is one a crash cut short.
         study.set_user_attr(_SPEC, encoded)
         self._specs[spec.name] = tuning_pb2.StudySpec.FromString(base64.b64decode(encoded))
@@ -140,6 +171,115 @@ class Engine:
             self._finish(study, trial, OptunaState.FAIL, errors=["study stopped"])
             outcome.changed.append(trial_id(study_id, trial.number))
         return outcome
+
+    def replay(self, study_id: str) -> api.ReplayStudyResponse:
+        """The study's proposals again, from its log (``svc_tuner.replay``).
+        Raises NotFound, and FailedPrecondition for a study still running."""
+        spec = self._spec(study_id)
+        if self.state(study_id) == api.STUDY_STATE_RUNNING:
+            raise FailedPrecondition(f"study {study_id!r} is running: replay a finished study")
+        return replays.replay(spec, self._study(study_id).get_trials(deepcopy=False))
+
+    # ---- re-tunes ----
+
+    def retune(self, drift: monitoring_pb2.DriftDetected) -> RetuneDecision:
+        """Start the follow-up study ``drift`` calls for (``svc_tuner.retune``),
+        when the study it names opted in, the drift id is new to that study's
+        loop, and no re-tune of the model is running. Idempotent: a drift id
+        is decided once, and a repeat after a crash finds the study it
+        started. Raises SpecError when the follow-up's name is too long."""
+        try:
+            spec = self._spec(drift.study_id)
+        except NotFound:
+            return RetuneDecision("unknown_study")
+        if not spec.retune.on_drift:
+            return RetuneDecision("not_opted_in")
+        origin = retunes.Origin.load(
+            self._study(drift.study_id).user_attrs.get(retunes.ORIGIN_ATTR)
+        )
+        root_id = origin.root_study if origin is not None else drift.study_id
+        try:
+            root = self._study(root_id)
+        except NotFound:
+            root_id, root = drift.study_id, self._study(drift.study_id)
+        decided = list(root.user_attrs.get(retunes.DRIFTS_ATTR, []))
+        if drift.drift_id in decided:
+            return RetuneDecision("repeat")
+        for running_id, running in self._running_retunes(drift.model_name):
+            if running.drift_id == drift.drift_id:
+                # Started by this drift before a crash cut the records short.
+                self._record_retune(root, drift.drift_id, running_id)
+                return RetuneDecision("repeat", other=running_id)
+            self._record_retune(root, drift.drift_id)
+            return RetuneDecision("retune_running", other=running_id)
+        started = list(root.user_attrs.get(retunes.RETUNES_ATTR, []))
+        count = len(started) + 1
+        while self._exists(f"{root_id}-retune-{count}"):
+            count += 1  # recorded nowhere: a crash came between the two
+        follow = retunes.follow_up_spec(
+            spec,
+            drift,
+            f"{root_id}-retune-{count}",
+            count,
+            version_offset=self._versions_used(root_id, started),
+        )
+        warm = retunes.best_params(
+            self._study(drift.study_id).get_trials(deepcopy=False),
+            spec.objective.direction,
+            retunes.warm_trials(spec),
+        )
+        new = retunes.Origin(
+            drift_id=drift.drift_id,
+            previous_study=drift.study_id,
+            root_study=root_id,
+            model_name=drift.model_name,
+            serving_version=drift.serving.version or drift.model_version,
+        )
+        study_id, _ = self.create_study(follow, first=warm, attrs={retunes.ORIGIN_ATTR: new.dump()})
+        self._record_retune(root, drift.drift_id, study_id)
+        return RetuneDecision("started", study_id=study_id)
+
+    def _versions_used(self, root_id: str, retunes_started: Sequence[str]) -> int:
+        """The model versions the loop's studies took: each took its offset
+        plus one per trial number it asked (none is running: one re-tune at
+        a time)."""
+        used = 0
+        for study_id in (root_id, *retunes_started):
+            if not self._exists(study_id):
+                continue
+            offset = int(self._spec(study_id).task.options.get(objective.VERSION_OFFSET, "0") or 0)
+            numbers = [t.number for t in self._study(study_id).get_trials(deepcopy=False)]
+            used = max(used, offset + max(numbers, default=-1) + 1)
+        return used
+
+    def _exists(self, study_id: str) -> bool:
+        try:
+            self._spec(study_id)
+        except NotFound:
+            return False
+        return True
+
+    def _running_retunes(self, model_name: str) -> list[tuple[str, retunes.Origin]]:
+        running = []
+        for frozen in self._storage.get_all_studies():
+            origin = retunes.Origin.load(frozen.user_attrs.get(retunes.ORIGIN_ATTR))
+            if origin is None or origin.model_name != model_name:
+                continue
+            try:
+                if self.state(frozen.study_name) == api.STUDY_STATE_RUNNING:
+                    running.append((frozen.study_name, origin))
+            except NotFound:
+                continue  # cut short by a crash before its spec
+        return running
+
+    def _record_retune(self, root: optuna.Study, drift_id: str, study_id: str = "") -> None:
+        decided = list(root.user_attrs.get(retunes.DRIFTS_ATTR, []))
+        if drift_id not in decided:
+            decided.append(drift_id)
+            root.set_user_attr(retunes.DRIFTS_ATTR, decided[-retunes.DRIFTS_KEPT :])
+        started = list(root.user_attrs.get(retunes.RETUNES_ATTR, []))
+        if study_id and study_id not in started:
+            root.set_user_attr(retunes.RETUNES_ATTR, [*started, study_id])
 
     def state(self, study_id: str) -> int:
         study = self._study(study_id)
@@ -297,6 +437,9 @@ class Engine:
                 model = Result.of(trial)
                 result.refit_model_name = model.model_name
                 result.refit_model_version = model.model_version
+        origin = retunes.Origin.load(study.user_attrs.get(retunes.ORIGIN_ATTR))
+        if origin is not None:
+            result.retune.CopyFrom(retunes.outcome(origin, spec, best))
         return result
 
     def mark_announced(self, study_id: str) -> None:
@@ -311,7 +454,10 @@ class Engine:
         return self._trial(study_id, number)
 
     def trials(self, study_id: str) -> list[FrozenTrial]:
-        return [t for t in self._study(study_id).get_trials(deepcopy=False) if not is_skipped(t)]
+        """The study's trials; not those skipped, nor those enqueued and not
+        yet asked (a warm start's next ones: no trial yet)."""
+        trials = self._study(study_id).get_trials(deepcopy=False, states=_ASKED)
+        return [t for t in trials if not is_skipped(t)]
 
     def best(self, study_id: str) -> FrozenTrial | None:
         """The best completed trial by ``shared.objective``'s rule, the one the
@@ -347,7 +493,7 @@ class Engine:
         if encoded is None:
             raise NotFound(f"no study {study_id!r}")
         spec = tuning_pb2.StudySpec.FromString(base64.b64decode(encoded))
-        study.sampler = specs.sampler(spec)
+        study.sampler = specs.seeded_sampler(spec)
         study.pruner = specs.pruner(spec)
         self._specs[study_id] = spec
         self._studies[study_id] = study
@@ -368,7 +514,8 @@ class Engine:
         limit = _seconds(spec.budget.time_limit)
         if limit and self._clock() - study.user_attrs.get(_CREATED, 0) > limit:
             return 0
-        trials = study.get_trials(deepcopy=False)
+        # Trials asked; those enqueued but not yet asked are within the budget.
+        trials = study.get_trials(deepcopy=False, states=_ASKED)
         counted = [t for t in trials if not is_skipped(t) and not is_refit(t)]
         return max(0, spec.budget.max_trials - len(counted))
 

@@ -1,11 +1,15 @@
-"""Trial reports in, the engine's decisions out: the tuner's handler for
-``aistack.tuning.reports``, run by ``shared.bus.loop.ConsumeLoop``.
+"""Trial reports and drift events in, the engine's decisions out: the
+tuner's handlers for ``aistack.tuning.reports`` and
+``aistack.monitoring.drift``, run by ``shared.bus.loop.ConsumeLoop``.
 
 Thin: what a report means is the engine's; this module tells it each report
 of a batch, asks for the trials that the finished ones made room for, and
 hands the outcome to ``publish`` (which flushes it and marks it published).
 A report for a trial the engine does not know is dead-lettered
-(``unknown_trial``): no redelivery can make it known.
+(``unknown_trial``): no redelivery can make it known. A drift event the
+engine starts no re-tune for is logged and passed over (most models are not
+tuned here, and repeats are expected); one whose follow-up study cannot be
+named is dead-lettered (``invalid_spec``).
 """
 
 from __future__ import annotations
@@ -13,10 +17,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from shared.bus.loop import Batch, RecordRefused
-from shared.contracts.aistack.v1 import tuning_pb2
-from shared.errors import NotFound
+from shared.contracts.aistack.v1 import monitoring_pb2, tuning_pb2
+from shared.errors import InvalidArgument, NotFound
+from shared.log import get_logger
 from svc_tuner.dispatch import PartitionSlots
 from svc_tuner.engine import Engine, Outcome
+
+log = get_logger("svc_tuner")
 
 UNKNOWN_TRIAL = "unknown_trial"
 _FINAL = ("completed", "pruned", "failed")
@@ -52,4 +59,43 @@ class ReportHandler:
         for study_id in touched:
             # A finished trial frees a slot.
             outcome.extend(self._engine.ask(study_id))
+        self._publish(outcome)
+
+
+class DriftHandler:
+    """Starts the re-tunes drift events call for, and asks their first
+    trials. Not thread-safe: call it in the engine's thread."""
+
+    def __init__(self, engine: Engine, publish: Callable[[Outcome], None]) -> None:
+        self._engine = engine
+        self._publish = publish
+
+    def __call__(self, batch: Batch[monitoring_pb2.DriftDetected]) -> None:
+        outcome = Outcome()
+        for drift, record in batch:
+            try:
+                decision = self._engine.retune(drift)
+            except InvalidArgument as error:
+                batch.refuse(record, error)
+                continue
+            if not decision.study_id:
+                log.info(
+                    "drift.ignored",
+                    drift=drift.drift_id,
+                    model=drift.model_name,
+                    study=drift.study_id,
+                    why=decision.why,
+                    retune=decision.other or None,
+                    offset=record.offset,
+                )
+                continue
+            log.info(
+                "study.retune_started",
+                study=decision.study_id,
+                drift=drift.drift_id,
+                model=drift.model_name,
+                previous=drift.study_id,
+                serving_version=drift.serving.version or drift.model_version,
+            )
+            outcome.extend(self._engine.ask(decision.study_id))
         self._publish(outcome)

@@ -12,6 +12,7 @@ from shared.metrics import NAMESPACE
 @dataclass(frozen=True)
 class TunerMetrics:
     reports: Counter
+    drifts: Counter
     trials_requested: Counter
     controls: Counter
     dead_letters: Counter
@@ -24,6 +25,7 @@ class TunerMetrics:
 
         return cls(
             reports=counter("tuner_reports", "Trial reports read"),
+            drifts=counter("tuner_drifts", "Drift events read"),
             trials_requested=counter(
                 "tuner_trials_requested", "Trial requests published, first or again", ("attempt",)
             ),

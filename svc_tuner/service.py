@@ -1,12 +1,12 @@
 """The tuner at work: the engine on the bus.
 
 One thread owns the engine (Optuna's study objects are not thread-safe, and
-every call is a Redis round trip): gRPC handlers, the report consumer and the
-periodic tick all hand it their work. What the engine decides is published
-(trial requests keyed by trial id, control messages) and flushed before it is
-marked published, and a report batch's offsets are committed only after its
-outcome is flushed: a tuner killed anywhere re-sends or re-reads, and the
-engine's idempotence absorbs the repeat.
+every call is a Redis round trip): gRPC handlers, the report consumer, the
+drift consumer (re-tunes) and the periodic tick all hand it their work. What
+the engine decides is published (trial requests keyed by trial id, control
+messages) and flushed before it is marked published, and a batch's offsets
+are committed only after its outcome is flushed: a tuner killed anywhere
+re-sends or re-reads, and the engine's idempotence absorbs the repeat.
 """
 
 from __future__ import annotations
@@ -19,18 +19,20 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from google.protobuf.message import Message
+
 from shared.bus.consumer import BusConsumer
 from shared.bus.loop import Batch, ConsumeLoop, DeadLetters
 from shared.bus.producer import BusProducer
 from shared.bus.topics import partition_count
+from shared.contracts.aistack.v1 import monitoring_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
-from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import NotFound, Unavailable
 from shared.log import get_logger
 from svc_tuner import views
 from svc_tuner.dispatch import PartitionSlots
 from svc_tuner.engine import Engine, Outcome
-from svc_tuner.handlers import ReportHandler
+from svc_tuner.handlers import DriftHandler, ReportHandler
 from svc_tuner.metrics import TunerMetrics
 from svc_tuner.record import parse_trial_id
 from svc_tuner.settings import TunerSettings
@@ -95,6 +97,19 @@ class Tuner:
         trial = views.trial_message(study_id, self.engine.trial(study_id, number))
         return trial, self.engine.state(study_id)
 
+    def replay(self, study_id: str) -> api.ReplayStudyResponse:
+        """Raises NotFound, FailedPrecondition (a study still running)."""
+        replayed = self.engine.replay(study_id)
+        mismatched = [t.number for t in replayed.trials if not t.matches]
+        log.info(
+            "study.replayed",
+            study=study_id,
+            trials=len(replayed.trials),
+            identical=replayed.identical,
+            mismatched=mismatched or None,
+        )
+        return replayed
+
     def watch(self, study_id: str) -> asyncio.Queue[str]:
         """A queue of the ids of the study's trials as they change."""
         queue: asyncio.Queue[str] = asyncio.Queue()
@@ -107,19 +122,48 @@ class Tuner:
     # ---- the loops ----
 
     async def run(self, stopping: asyncio.Event) -> None:
-        """Consume reports and tick until ``stopping`` is set."""
+        """Consume reports and drift events and tick until ``stopping`` is set."""
         self._loop = asyncio.get_running_loop()
         finished = threading.Event()
-        consumer = threading.Thread(
-            target=self._consume, args=(finished,), name="tuner-reports", daemon=True
-        )
-        consumer.start()
+        settings = self.settings
+        consumers = [
+            threading.Thread(
+                target=self._consume,
+                args=(
+                    finished,
+                    "reports",
+                    settings.reports_topic,
+                    settings.group_id,
+                    tuning_pb2.TrialReport,
+                    ReportHandler(self.engine, self._slots, self._publish),
+                    self._metrics.reports,
+                ),
+                name="tuner-reports",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=self._consume,
+                args=(
+                    finished,
+                    "drift",
+                    settings.drift_topic,
+                    settings.drift_group_id,
+                    monitoring_pb2.DriftDetected,
+                    DriftHandler(self.engine, self._publish),
+                    self._metrics.drifts,
+                ),
+                name="tuner-drift",
+                daemon=True,
+            ),
+        ]
+        for consumer in consumers:
+            consumer.start()
         try:
             while not stopping.is_set():
-                if not consumer.is_alive():
+                if not all(consumer.is_alive() for consumer in consumers):
                     # Fail loudly (and be restarted) rather than serve on
-                    # without ever hearing from a trainer again.
-                    raise Unavailable("the tuner's report consumer stopped; see the error above")
+                    # without ever hearing from a trainer (or the monitor) again.
+                    raise Unavailable("a tuner consumer stopped; see the error above")
                 await self.call(self._tick)
                 try:
                     await asyncio.wait_for(stopping.wait(), self.settings.tick_seconds)
@@ -127,23 +171,32 @@ class Tuner:
                     pass
         finally:
             finished.set()
-            await asyncio.to_thread(consumer.join, 30)
+            for consumer in consumers:
+                await asyncio.to_thread(consumer.join, 30)
             self._executor.shutdown(wait=True)
 
-    def _consume(self, finished: threading.Event) -> None:
+    def _consume(
+        self,
+        finished: threading.Event,
+        what: str,
+        topic: str,
+        group_id: str,
+        message_cls: type[Message],
+        handler: Callable[[Batch[Any]], None],
+        read: Any,
+    ) -> None:
         settings = self.settings
-        consumer: BusConsumer[tuning_pb2.TrialReport] = BusConsumer(
+        consumer: BusConsumer[Any] = BusConsumer(
             settings.kafka,
-            group_id=settings.group_id,
-            topics=[settings.reports_topic],
-            message_cls=tuning_pb2.TrialReport,
+            group_id=group_id,
+            topics=[topic],
+            message_cls=message_cls,
             # A restarted tuner waits this long for its killed predecessor's
             # partitions (the broker's default is 45 s).
             config={"session.timeout.ms": 10_000, "heartbeat.interval.ms": 2_000},
         )
-        handler = ReportHandler(self.engine, self._slots, self._publish)
 
-        def in_engine_thread(batch: Batch[tuning_pb2.TrialReport]) -> None:
+        def in_engine_thread(batch: Batch[Any]) -> None:
             self._executor.submit(self._timed, handler, batch).result()
 
         loop = ConsumeLoop(
@@ -158,12 +211,12 @@ class Tuner:
             ),
             max_records=500,
             poll_timeout=0.2,
-            read=self._metrics.reports,
+            read=read,
         )
         try:
             loop.run(finished.is_set)
         except Exception:
-            log.exception("reports.failed")
+            log.exception("consumer.failed", consumer=what, topic=topic)
             raise
         finally:
             consumer.close()
@@ -199,6 +252,20 @@ class Tuner:
             best_trial=result.best_trial_id,
             trials=dict(result.trial_counts),
         )
+        if result.HasField("retune"):
+            decided = result.retune
+            log.info(
+                "study.retune_decided",
+                study=study_id,
+                model=decided.model_name,
+                drift=decided.drift_id,
+                previous=decided.previous_study_id,
+                serving_version=decided.serving_version,
+                serving_value=decided.serving_value if decided.HasField("serving_value") else None,
+                best_value=result.best_value if result.HasField("best_value") else None,
+                promoted=decided.promoted,
+                reason=decided.reason,
+            )
 
     def _publish(self, outcome: Outcome) -> None:
         settings = self.settings

@@ -7,6 +7,7 @@ from pydantic_settings import SettingsConfigDict
 
 from shared.bus.topics import (
     EVENTS_DLQ,
+    MONITORING_DRIFT,
     TOPICS_BY_NAME,
     TUNING_CONTROL,
     TUNING_REPORTS,
@@ -26,6 +27,9 @@ class TunerSettings(GrpcServerSettings):
     control_topic: str = TUNING_CONTROL
     results_topic: str = TUNING_RESULTS
     dlq_topic: str = EVENTS_DLQ
+    # The drift monitor's findings: re-tunes start from them.
+    drift_topic: str = MONITORING_DRIFT
+    # On the reports topic; the drift topic's group is this plus ".drift".
     group_id: str = "svc_tuner"
     # Key prefix of Optuna's journal in Redis (one per tuner deployment).
     storage_prefix: str = Field(default="aistack:tuner", min_length=1)
@@ -40,11 +44,22 @@ class TunerSettings(GrpcServerSettings):
             control=self.control_topic,
             results=self.results_topic,
             dlq=self.dlq_topic,
+            drift=self.drift_topic,
         )
+
+    @property
+    def drift_group_id(self) -> str:
+        return f"{self.group_id}.drift"
 
 
 def topic_specs(
-    *, trials: str, reports: str, control: str, results: str, dlq: str
+    *,
+    trials: str,
+    reports: str,
+    control: str,
+    results: str,
+    dlq: str,
+    drift: str = MONITORING_DRIFT,
 ) -> list[TopicSpec]:
     """The tuner's topics under the given names, each with its standard spec."""
     return [
@@ -53,4 +68,5 @@ def topic_specs(
         TOPICS_BY_NAME[TUNING_CONTROL].named(control),
         TOPICS_BY_NAME[TUNING_RESULTS].named(results),
         TOPICS_BY_NAME[EVENTS_DLQ].named(dlq),
+        TOPICS_BY_NAME[MONITORING_DRIFT].named(drift),
     ]

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import optuna
 import yaml
 from optuna.distributions import (
@@ -25,6 +26,7 @@ from optuna.distributions import (
 )
 from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
+from optuna.trial import FrozenTrial, TrialState
 
 from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
 from shared.errors import FailedPrecondition, InvalidArgument
@@ -70,6 +72,9 @@ def validate(spec: tuning_pb2.StudySpec) -> None:
     _validate_sampler(spec)
     _validate_pruner(spec.pruner)
     _validate_budget(spec.budget)
+    for name in ("max_trials", "warm_trials"):
+        if getattr(spec.retune, name) < 0:
+            raise SpecError(f"retune.{name}", "must not be negative")
     if spec.task.framework not in (common_pb2.FRAMEWORK_TORCH, common_pb2.FRAMEWORK_TENSORFLOW):
         raise SpecError("task.framework", "must be FRAMEWORK_TORCH or FRAMEWORK_TENSORFLOW")
     if spec.task.epochs < 0:
@@ -200,12 +205,35 @@ def distributions(spec: tuning_pb2.StudySpec) -> dict[str, BaseDistribution]:
     return space
 
 
-def sampler(spec: tuning_pb2.StudySpec) -> BaseSampler:
-    """The spec's sampler, seeded; TPE with the constant liar, so that trials in
-    flight count as (pessimistic) results and are not sampled again."""
+def trial_seed(seed: int, *keys: int) -> int:
+    """A seed for one use of ``seed`` (a trial number, a re-tune's count):
+    well mixed, the same on every machine and in every process."""
+    return int(np.random.SeedSequence([seed, *keys]).generate_state(1)[0])
+
+
+def seeded_sampler(spec: tuning_pb2.StudySpec) -> BaseSampler:
+    """The sampler the engine asks with. With a seed, each trial is sampled by
+    a sampler seeded for that trial alone, so a proposal depends only on the
+    spec's seed, the trial's number and the study's history: a restarted tuner
+    proposes what the killed one would have, and a replay what the log holds.
+    Without a seed, Optuna's own sampler, random."""
+    if not spec.HasField("seed"):
+        return sampler(spec)
+    if spec.sampler.kind == tuning_pb2.SAMPLER_KIND_GRID:
+        # The seed orders the grid: one order for every trial, so that the
+        # points tried (stored as grid ids) mean the same to each.
+        return _PerTrialSeed(lambda _: sampler(spec), spec.seed)
+    return _PerTrialSeed(lambda seed: sampler(spec, seed=seed), spec.seed)
+
+
+def sampler(spec: tuning_pb2.StudySpec, *, seed: int | None = None) -> BaseSampler:
+    """The spec's sampler, seeded (``seed``, else the spec's); TPE with the
+    constant liar, so that trials in flight count as (pessimistic) results
+    and are not sampled again."""
     kind = spec.sampler.kind
     options: dict[str, Any] = {k: yaml.safe_load(v) for k, v in spec.sampler.options.items()}
-    seed = spec.seed if spec.HasField("seed") else None
+    if seed is None and spec.HasField("seed"):
+        seed = spec.seed
     if spec.sampler.startup_trials and "n_startup_trials" in _option_names(_SAMPLERS[kind]):
         options.setdefault("n_startup_trials", spec.sampler.startup_trials)
     if kind == tuning_pb2.SAMPLER_KIND_GRID:
@@ -224,6 +252,55 @@ def sampler(spec: tuning_pb2.StudySpec) -> BaseSampler:
         return _SAMPLERS[kind](seed=seed, **options)
     except (TypeError, ValueError) as error:
         raise SpecError("sampler.options", str(error)) from error
+
+
+class _PerTrialSeed(BaseSampler):
+    """Delegates to a sampler built afresh for each trial (Optuna calls
+    ``before_trial`` before it samples anything of a trial) with
+    ``trial_seed(seed, trial.number)``. The samplers keep what they learn in
+    the study's storage, not in themselves (CMA-ES in trial attributes), so
+    a fresh one per trial loses nothing but caches."""
+
+    def __init__(self, build: Callable[[int], BaseSampler], seed: int) -> None:
+        self._build = build
+        self._seed = seed
+        self._current = build(trial_seed(seed, 0))
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self._current = self._build(trial_seed(self._seed, trial.number))
+        self._current.before_trial(study, trial)
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return self._current.infer_relative_search_space(study, trial)
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return self._current.sample_relative(study, trial, search_space)
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        return self._current.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Any,
+    ) -> None:
+        self._current.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        # Each trial is seeded by its number; nothing to reseed.
+        return None
 
 
 def pruner(spec: tuning_pb2.StudySpec) -> BasePruner:

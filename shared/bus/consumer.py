@@ -207,8 +207,10 @@ class BusTail(Generic[MessageT]):
     where each ends now (every reader sees every record published after it
     started, e.g. control messages that all replicas must see) or, with
     ``from_beginning``, from the first record still in the log (a compacted
-    registry replayed on start; ``caught_up`` says when the records that were
-    there at start have all been read). Nothing is committed."""
+    registry replayed on start), or, with ``last``, from that many records
+    before each partition's end (a recent past to rebuild state from);
+    ``caught_up`` says when the records that were there at start have all
+    been read. Nothing is committed."""
 
     def __init__(
         self,
@@ -218,6 +220,7 @@ class BusTail(Generic[MessageT]):
         message_cls: type[MessageT],
         timeout: float = 30.0,
         from_beginning: bool = False,
+        last: int = 0,
     ) -> None:
         self._consumer = Consumer(
             {
@@ -242,7 +245,7 @@ class BusTail(Generic[MessageT]):
                 # published after this constructor returns is missed.
                 low, end = self._watermarks(TopicPartition(topic, partition), timeout)
                 self._marks[(topic, partition)] = (low, end)
-                start = OFFSET_BEGINNING if from_beginning else end
+                start = OFFSET_BEGINNING if from_beginning else max(low, end - last)
                 assignment.append(TopicPartition(topic, partition, start))
         self._consumer.assign(assignment)
         self._assignment = assignment

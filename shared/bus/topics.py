@@ -22,6 +22,7 @@ from shared.contracts.aistack.v1 import (
     events_pb2,
     features_pb2,
     models_pb2,
+    monitoring_pb2,
     predictions_pb2,
     tuning_pb2,
 )
@@ -39,6 +40,7 @@ TUNING_RESULTS = "aistack.tuning.results"
 MODELS_READY = "aistack.models.ready"
 PREDICTIONS = "aistack.predictions"
 PREDICTIONS_BATCH = "aistack.predictions.batch"
+MONITORING_DRIFT = "aistack.monitoring.drift"
 
 # Raw records over svc_ingest's payload limit must still reach it, to become
 # dead letters with a reason rather than producer errors nobody sees; their
@@ -84,6 +86,8 @@ TOPICS: tuple[TopicSpec, ...] = (
     # svc_model's prediction log, and `aistack score --publish`'s rows.
     TopicSpec(PREDICTIONS, predictions_pb2.PredictionLogged),
     TopicSpec(PREDICTIONS_BATCH, predictions_pb2.BatchPrediction),
+    # The drift monitor's findings; svc_tuner starts re-tunes from them.
+    TopicSpec(MONITORING_DRIFT, monitoring_pb2.DriftDetected),
 )
 TOPICS_BY_NAME: Mapping[str, TopicSpec] = {spec.name: spec for spec in TOPICS}
 

@@ -20,6 +20,7 @@ from shared.artifacts import TORCH_EXPORT_FILE
 from shared.bus.consumer import BusConsumer
 from shared.bus.topics import ensure_topics
 from shared.contracts.aistack.v1 import events_pb2
+from shared.objective import BASELINE_VERSION, baseline_metric
 from shared.ports import free_port
 from tests.infra import Infra
 from tests.integration import model_support as ms
@@ -284,6 +285,36 @@ def test_a_restarted_server_rebuilds_its_repository_from_the_topic(
     }
     for stub in ms.stub(second.address):
         assert stub.ModelInfer(ms.infer_request("restart", ms.digits(1))).model_version == "2"
+
+
+def test_a_retuned_version_serves_only_if_it_beats_the_serving_one_on_its_own_data(
+    infra: Infra,
+    topics: ms.ModelSettings,
+    serve: object,
+    artifacts: dict[str, ms.Artifact],
+) -> None:
+    a = artifacts[ms.TORCH]
+
+    def challenger(name: str, value: float, serving_there: float) -> object:
+        # A re-tune's version: 0.5 on the drifted data, where the serving
+        # version 2 (0.1 on the data it was trained on) scored serving_there.
+        ready = ms.event(name, 3, a, val_error=value, labels={BASELINE_VERSION: "2"})
+        ready.metrics[baseline_metric("val_error")] = serving_there
+        return ready
+
+    ms.publish(
+        infra, topics.models_topic,
+        ms.event("better", 1, a, val_error=0.3),
+        ms.event("better", 2, a, val_error=0.1),
+        challenger("better", 0.5, serving_there=0.9),
+        ms.event("worse", 1, a, val_error=0.3),
+        ms.event("worse", 2, a, val_error=0.1),
+        challenger("worse", 0.5, serving_there=0.4),
+    )  # fmt: skip
+    server = serve()  # type: ignore[operator]
+    for stub in ms.stub(server.address):
+        assert stub.ModelInfer(ms.infer_request("better", ms.digits(1))).model_version == "3"
+        assert stub.ModelInfer(ms.infer_request("worse", ms.digits(1))).model_version == "2"
 
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(

@@ -32,11 +32,12 @@ SERVICES = [
     "svc_trainer-1",
     "svc_trainer-2",
     "svc_model",
+    "svc_monitor",
 ]
 
 
 def settings_on_free_ports(state_dir: Path) -> StackSettings:
-    ports = free_ports(10)
+    ports = free_ports(11)
     trainer_base = ports[8]
     # The second replica's port must be free and none of the others.
     while port_taken("0.0.0.0", trainer_base + 10) or trainer_base + 10 in ports:
@@ -57,6 +58,7 @@ def settings_on_free_ports(state_dir: Path) -> StackSettings:
         tuner_metrics_port=ports[7],
         trainer_metrics_port=trainer_base,
         model_metrics_port=ports[9],
+        monitor_metrics_port=ports[10],
         trainers=2,
     )
 
@@ -77,6 +79,7 @@ def cli_env(settings: StackSettings) -> dict[str, str]:
         "AISTACK_STACK_TUNER_METRICS_PORT": str(settings.tuner_metrics_port),
         "AISTACK_STACK_TRAINER_METRICS_PORT": str(settings.trainer_metrics_port),
         "AISTACK_STACK_MODEL_METRICS_PORT": str(settings.model_metrics_port),
+        "AISTACK_STACK_MONITOR_METRICS_PORT": str(settings.monitor_metrics_port),
         "AISTACK_STACK_TRAINERS": str(settings.trainers),
     }
 
@@ -175,7 +178,7 @@ def test_up_status_restart_and_down(tmp_path: Path) -> None:
         assert cli.returncode == 3, cli.stderr
         lines = cli.stdout.splitlines()
         assert sum(line.split()[:2] == ["svc_trainer-2", "exited"] for line in lines) == 1
-        assert [line.split()[1] for line in lines if not line.startswith(" ")].count("running") == 7
+        assert [line.split()[1] for line in lines if not line.startswith(" ")].count("running") == 8
         shown = [line.strip() for line in lines if line.startswith("    ")]
         assert shown == exited.last_lines.splitlines()
 

@@ -30,6 +30,7 @@ class TunerTopics:
     control: str
     results: str
     dlq: str
+    drift: str
 
     @classmethod
     def unique(cls, suffix: str) -> TunerTopics:
@@ -39,6 +40,7 @@ class TunerTopics:
             f"control.{suffix}",
             f"results.{suffix}",
             f"dlq.{suffix}",
+            f"drift.{suffix}",
         )
 
     def create(self, kafka: KafkaSettings) -> None:
@@ -50,6 +52,7 @@ class TunerTopics:
                 control=self.control,
                 results=self.results,
                 dlq=self.dlq,
+                drift=self.drift,
             ),
         )
 
@@ -75,6 +78,7 @@ class TunerProcess:
                 "AISTACK_TUNER_CONTROL_TOPIC": topics.control,
                 "AISTACK_TUNER_RESULTS_TOPIC": topics.results,
                 "AISTACK_TUNER_DLQ_TOPIC": topics.dlq,
+                "AISTACK_TUNER_DRIFT_TOPIC": topics.drift,
                 "AISTACK_TUNER_GROUP_ID": f"tuner-{prefix}",
                 "AISTACK_TUNER_STORAGE_PREFIX": prefix,
                 "AISTACK_TUNER_TICK_SECONDS": "0.2",
@@ -120,6 +124,8 @@ class AnalyticTrainer:
     group: str
     epochs: int = 2
     objective: Callable[[tuning_pb2.TrialRequested], float] = quadratic
+    # Further metrics of a completed trial (a baseline's value, say).
+    metrics: Callable[[tuning_pb2.TrialRequested], dict[str, float]] = lambda request: {}
     # Return a TrialFailed to fail a trial instead of training it.
     failure: Callable[[tuning_pb2.TrialRequested], tuning_pb2.TrialFailed | None] = (
         lambda request: None
@@ -190,6 +196,6 @@ class AnalyticTrainer:
                 # Converges on the final value: what a learning curve does.
                 progress = value * (1 + (self.epochs - step) / self.epochs)
                 send(progress=tuning_pb2.TrialProgress(step=step, value=progress))
-            send(completed=tuning_pb2.TrialCompleted(value=value))
+            send(completed=tuning_pb2.TrialCompleted(value=value, metrics=self.metrics(request)))
         producer.flush()
         self.completed.append(request.trial_id)

@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings
 from compose import kafka_dist
 from svc_ingest.settings import IngestSettings
 from svc_model.settings import ModelSettings
+from svc_monitor.settings import MonitorSettings
 from svc_trainer.settings import TrainerSettings
 from svc_transform.settings import TransformSettings
 from svc_tuner.settings import TunerSettings
@@ -30,6 +31,7 @@ SERVICE_SETTINGS: dict[str, type[BaseSettings]] = {
     "svc_tuner": TunerSettings,
     "svc_trainer": TrainerSettings,
     "svc_model": ModelSettings,
+    "svc_monitor": MonitorSettings,
 }
 GRPC_SERVICES = {
     "svc_tuner": "aistack.v1.TunerService",

@@ -15,6 +15,7 @@ from shared.contracts.aistack.v1 import (
     events_pb2,
     features_pb2,
     models_pb2,
+    monitoring_pb2,
     predictions_pb2,
     tuner_service_pb2,
     tuning_pb2,
@@ -30,6 +31,7 @@ DESIGN_TOPICS = {
     "aistack.tuning.reports",
     "aistack.tuning.control",
     "aistack.models.ready",
+    "aistack.monitoring.drift",
 }
 # Ours beyond the design's list: where the tuner announces a study's result,
 # svc_model's prediction log, and where `aistack score --publish` puts its
@@ -40,6 +42,7 @@ AISTACK_FILES = [
     events_pb2,
     features_pb2,
     models_pb2,
+    monitoring_pb2,
     predictions_pb2,
     tuner_service_pb2,
     tuning_pb2,
@@ -116,6 +119,7 @@ def test_tuner_service_has_every_rpc() -> None:
         "StopStudy",
         "GetBestTrial",
         "WatchStudy",
+        "ReplayStudy",
     }
     assert service.methods_by_name["WatchStudy"].server_streaming
 

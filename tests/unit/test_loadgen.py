@@ -172,6 +172,9 @@ def test_too_large_is_rare_and_can_be_turned_off() -> None:
         ({"fmt": "xml"}, "format"),
         ({"kind": "sensors", "fmt": "log"}, "log"),
         ({"now": datetime(2026, 1, 1)}, "timezone"),
+        ({"span_seconds": 0.5}, "span"),
+        ({"span_seconds": math.inf}, "span"),
+        ({"shift": {"temperature": 5.0}}, "sensor readings only"),
     ],
 )
 def test_impossible_arguments_raise(kwargs: dict[str, Any], message: str) -> None:
@@ -205,6 +208,28 @@ def test_good_sensor_json_has_the_documented_fields() -> None:
                 assert 950 <= to_hpa(number, unit) <= 1050
     # Every timestamp type with both metric shapes.
     assert shapes == {f"{t}{m}" for t in ("str", "int", "float") for m in ("dict", "list")}
+
+
+def test_span_and_shift_move_times_and_readings() -> None:
+    def celsius(records: list[RawRecord]) -> list[float]:
+        return [
+            to_celsius(float(value), unit)
+            for record in records
+            for name, value, unit in metrics_of(strict_json(record.value or b""))
+            if name == "temperature"
+        ]
+
+    plain = generate("sensors", 800, fmt="json", seed=9, now=NOW, span_seconds=300)
+    shifted = generate(
+        "sensors", 800, fmt="json", seed=9, now=NOW, span_seconds=300, shift={"temperature": 15.0}
+    )
+    for record in plain:
+        assert NOW.timestamp() - 301 <= event_seconds(strict_json(record.value or b"")["timestamp"])
+    before, after = celsius(plain), celsius(shifted)
+    assert len(before) == len(after) > 100
+    # The same draws, moved by the shift (rounding to the device's unit aside).
+    differences = [b - a for a, b in zip(before, after, strict=True)]
+    assert all(abs(d - 15.0) < 0.05 for d in differences)
 
 
 def test_good_web_json_has_the_documented_fields() -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from shared.contracts.aistack.v1 import common_pb2, models_pb2
 from shared.errors import InvalidArgument, NotFound
+from shared.objective import BASELINE_VERSION, baseline_metric
 from svc_model.repository import Repository, Served, better, wanted
 
 
@@ -26,6 +27,16 @@ def ready(
         event.metrics["val_error"] = value
     if refit:
         event.labels["refit"] = "true"  # as trainers label the tuner's refit
+    return event
+
+
+def challenger(
+    version: int, value: float, baseline: int, baseline_value: float
+) -> models_pb2.ModelReady:
+    """A re-tune's version, measured against ``baseline`` on its own data."""
+    event = ready(version, value)
+    event.labels[BASELINE_VERSION] = str(baseline)
+    event.metrics[baseline_metric("val_error")] = baseline_value
     return event
 
 
@@ -129,3 +140,17 @@ def test_the_index_shows_every_known_version_and_why_it_is_not_ready() -> None:
         ("3", "UNAVAILABLE", "checksum_mismatch"),
     ]
     assert [e.version for e in repository.index(ready_only=True)] == ["2"]
+
+
+def test_a_challenger_loaded_before_its_baseline_is_judged_again_when_that_loads() -> None:
+    repository = Repository("champion", keep_versions=3)
+    assert repository.install(served(ready(1, 0.3))).promoted
+    # 0.5 on the drifted data against version 2's 0.9 there; 0.3 means
+    # nothing to it (version 1 was measured on other data), so it waits.
+    assert not repository.install(
+        served(challenger(3, 0.5, baseline=2, baseline_value=0.9))
+    ).promoted
+    assert repository.champion("m").version == 1  # type: ignore[union-attr]
+    change = repository.install(served(ready(2, 0.1)))
+    assert change.promoted
+    assert repository.champion("m").version == 3  # type: ignore[union-attr]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from shared.contracts.aistack.v1 import models_pb2
+from shared.distribution import LEVELS, statistic_reference
 from svc_monitor.drift import (
-    LEVELS,
     Reference,
     Thresholds,
     assess,
@@ -24,6 +25,7 @@ REFERENCE = Reference.of(TRAINING)
 
 def test_a_reference_keeps_quantiles_and_size() -> None:
     assert len(REFERENCE.quantiles) == len(LEVELS) and REFERENCE.windows == 2_000
+    assert REFERENCE.levels == LEVELS
     assert REFERENCE.quantiles[10] == pytest.approx(np.median(TRAINING))
     assert REFERENCE.cdf(np.asarray([-1e9, REFERENCE.quantiles[10], 1e9])).tolist() == [
         0.0,
@@ -79,3 +81,39 @@ def test_assess_scores_the_statistics_both_sides_have() -> None:
         Thresholds(),
     )
     assert set(scores) == {"mean"} and scores["mean"].drifted
+
+
+def test_a_reference_is_read_from_its_message_with_its_own_levels() -> None:
+    message = statistic_reference("mean", TRAINING)
+    assert message is not None
+    assert Reference.of_summary(message) == REFERENCE
+    # Quartiles only: the CDF follows the message's levels, not the default ones.
+    quartiles = Reference.of(TRAINING, levels=(0.0, 0.25, 0.5, 0.75, 1.0))
+    assert quartiles.levels == (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert quartiles.cdf(np.asarray([quartiles.quantiles[1]])).tolist() == [0.25]
+    coarse = score(quartiles, RNG.normal(20.0, 2.0, size=60), Thresholds())
+    shifted = score(quartiles, RNG.normal(26.0, 2.0, size=60), Thresholds())
+    assert coarse is not None and not coarse.drifted
+    assert shifted is not None and shifted.drifted
+
+
+@pytest.mark.parametrize(
+    ("levels", "quantiles", "windows", "error"),
+    [
+        ([0.0, 1.0], [1.0], 10, "as many"),
+        ([0.0], [1.0], 10, "two or more"),
+        ([0.1, 1.0], [1.0, 2.0], 10, "ascend from 0 to 1"),
+        ([0.0, 0.5, 0.5, 1.0], [1.0, 2.0, 2.0, 3.0], 10, "ascend from 0 to 1"),
+        ([0.0, 0.5, 1.0], [1.0, 0.5, 3.0], 10, "non-decreasing"),
+        ([0.0, 0.5, 1.0], [1.0, float("nan"), 3.0], 10, "finite"),
+        ([0.0, 1.0], [1.0, 2.0], 0, "at least one window"),
+    ],
+)
+def test_a_message_that_is_no_reference_is_refused(
+    levels: list[float], quantiles: list[float], windows: int, error: str
+) -> None:
+    message = models_pb2.StatisticReference(
+        statistic="mean", levels=levels, quantiles=quantiles, windows=windows
+    )
+    with pytest.raises(ValueError, match=error):
+        Reference.of_summary(message)

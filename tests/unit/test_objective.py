@@ -7,8 +7,18 @@ import math
 
 import pytest
 
-from shared.contracts.aistack.v1 import common_pb2
-from shared.objective import Standing, best, is_refit, top
+from shared.contracts.aistack.v1 import common_pb2, models_pb2
+from shared.objective import (
+    BASELINE_VERSION,
+    Standing,
+    baseline_metric,
+    baseline_standing,
+    beats_baseline,
+    best,
+    champion,
+    is_refit,
+    top,
+)
 
 MIN, MAX = common_pb2.DIRECTION_MINIMIZE, common_pb2.DIRECTION_MAXIMIZE
 
@@ -50,3 +60,66 @@ def test_a_refit_is_marked_by_the_option_or_label_true() -> None:
     assert is_refit({"refit": "true"})
     assert not is_refit({"refit": "false"})
     assert not is_refit({})
+
+
+def _version(
+    version: int, value: float, *, baseline: tuple[int, float] | None = None
+) -> models_pb2.ModelReady:
+    event = models_pb2.ModelReady(
+        model_name="forecast",
+        version=str(version),
+        objective=common_pb2.Objective(metric="val_mae", direction=MIN),
+        metrics={"val_mae": value},
+    )
+    if baseline is not None:
+        event.labels[BASELINE_VERSION] = str(baseline[0])
+        event.metrics[baseline_metric("val_mae")] = baseline[1]
+    return event
+
+
+def test_a_challenger_replaces_the_champion_only_by_beating_it_on_its_own_data() -> None:
+    # Version 2 was best on the old data (0.5); on the drifted data it scores 3.0.
+    old = [_version(1, 0.9), _version(2, 0.5), _version(3, 0.7)]
+    better = _version(4, 1.2, baseline=(2, 3.0))
+    worse = _version(4, 3.4, baseline=(2, 3.0))
+    tie = _version(4, 3.0, baseline=(2, 3.0))
+    assert champion([*old, better]) == better  # 1.2 > 0.5, yet it beats 2 on the new data
+    assert champion([*old, worse]) == old[1]
+    assert champion([*old, tie]) == old[1]
+    # Order of arrival does not matter.
+    assert champion([better, *reversed(old)]) == better
+
+
+def test_a_challengers_siblings_compare_by_value_once_one_took_over() -> None:
+    old = [_version(1, 0.5)]
+    first = _version(2, 1.2, baseline=(1, 3.0))
+    second = _version(3, 1.0, baseline=(1, 3.0))
+    third = _version(4, 1.1, baseline=(1, 3.0))
+    assert champion([*old, first, second, third]) == second
+    assert champion([*old, _version(2, 3.5, baseline=(1, 3.0)), third]) == third
+
+
+def test_a_baseline_naming_no_champion_or_lacking_its_value_is_plain_comparison() -> None:
+    named_other = _version(3, 0.4, baseline=(1, 3.0))
+    assert champion([_version(1, 0.9), _version(2, 0.5), named_other]) == named_other
+    no_value = _version(3, 0.6)
+    no_value.labels[BASELINE_VERSION] = "2"
+    assert baseline_standing(no_value) is None
+    assert champion([_version(2, 0.5), no_value]).version == "2"
+
+
+@pytest.mark.parametrize(
+    ("value", "baseline", "direction", "expected"),
+    [
+        (1.0, 2.0, MIN, True),
+        (2.0, 2.0, MIN, False),
+        (0.9, 0.8, MAX, True),
+        (None, 2.0, MIN, False),
+        (math.nan, 2.0, MIN, False),
+        (1.0, None, MIN, True),
+    ],
+)
+def test_beats_baseline(
+    value: float | None, baseline: float | None, direction: int, expected: bool
+) -> None:
+    assert beats_baseline(value, baseline, direction) is expected

@@ -31,6 +31,7 @@ SERVICES = [
     "svc_trainer-1",
     "svc_trainer-2",
     "svc_model",
+    "svc_monitor",
 ]
 
 
@@ -47,7 +48,7 @@ def free_trainer_base(avoid: set[int] | None = None) -> int:
 
 
 def stack_settings(state_dir: Path, **overrides: Any) -> StackSettings:
-    ports = free_ports(10)
+    ports = free_ports(11)
     infra = InfraSettings(
         kafka_port=overrides.pop("kafka_port", ports[0]),
         kafka_controller_port=ports[1],
@@ -62,6 +63,7 @@ def stack_settings(state_dir: Path, **overrides: Any) -> StackSettings:
         "tuner_metrics_port": ports[7],
         "trainer_metrics_port": free_trainer_base(avoid=set(ports)),
         "model_metrics_port": ports[9],
+        "monitor_metrics_port": ports[10],
         "trainers": 2,
         "infra": infra,
     }
@@ -98,6 +100,7 @@ def test_default_ports_are_the_documented_ones(monkeypatch: pytest.MonkeyPatch) 
         ("svc_model", "metrics"): 9106,
         ("svc_ingest", "metrics"): 9102,
         ("svc_transform", "metrics"): 9103,
+        ("svc_monitor", "metrics"): 9107,
         ("svc_trainer-1", "metrics"): 9105,
         ("svc_trainer-2", "metrics"): 9115,
     }
@@ -161,6 +164,9 @@ def test_each_service_gets_its_own_ports(stack: ServiceStack) -> None:
     )
     assert stack.service_env("svc_tuner")["AISTACK_TUNER_METRICS_PORT"] == str(s.tuner_metrics_port)
     assert stack.service_env("svc_model")["AISTACK_MODEL_METRICS_PORT"] == str(s.model_metrics_port)
+    assert stack.service_env("svc_monitor")["AISTACK_MONITOR_METRICS_PORT"] == str(
+        s.monitor_metrics_port
+    )
 
 
 def test_trainer_replicas_differ_in_id_and_metrics_port(stack: ServiceStack) -> None:
@@ -380,7 +386,14 @@ def test_cli_status_shows_exited_services_and_exits_3(
         ["redis", "stopped"],
         *([name, "exited" if name == "svc_model" else "stopped"] for name in SERVICES),
     ]
-    assert out[-2:] == ["    booting", "    svc_model: no broker"]
+    # The exited service's last log lines follow its own entry.
+    shown = out.index("    booting")
+    assert out[shown : shown + 2] == ["    booting", "    svc_model: no broker"]
+    model, monitor = (
+        next(i for i, line in enumerate(out) if line.startswith(name))
+        for name in ("svc_model", "svc_monitor")
+    )
+    assert model < shown < monitor
 
 
 def test_cli_logs_prefixes_each_service(

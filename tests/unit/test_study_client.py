@@ -52,3 +52,38 @@ def test_empty_variables_are_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AISTACK_TUNER_AUTH_TOKEN", "")
     settings = load_settings(StudyClientSettings)
     assert tuner_connection(flags(), settings) == TunerConnection("localhost:50051", None, None)
+
+
+def test_the_forecast_example_opts_in_to_retuning_on_drift() -> None:
+    from compose.study import load_spec
+    from svc_tuner import spec as specs
+
+    root = Path(__file__).resolve().parents[2]
+    spec = load_spec((root / "examples/studies/forecast.yaml").read_text())
+    specs.validate(spec)
+    assert (spec.retune.on_drift, spec.retune.max_trials, spec.retune.warm_trials) == (True, 4, 0)
+
+
+def test_a_replay_prints_a_line_per_trial_and_the_verdict() -> None:
+    from compose.study import describe_replay
+    from shared.contracts.aistack.v1 import common_pb2
+    from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+
+    def value(x: float) -> common_pb2.ParamValue:
+        return common_pb2.ParamValue(float_value=x)
+
+    same = api.ReplayedTrial(
+        number=0, logged_params={"x": value(0.5)}, replayed_params={"x": value(0.5)},
+        matches=True, state=api.TRIAL_STATE_COMPLETED, enqueued=True,
+    )  # fmt: skip
+    other = api.ReplayedTrial(
+        number=1, logged_params={"x": value(0.25)}, replayed_params={"x": value(0.75)},
+        matches=False, state=api.TRIAL_STATE_PRUNED,
+    )  # fmt: skip
+    replayed = api.ReplayStudyResponse(study_id="s", trials=[same, other], identical=False)
+
+    assert describe_replay(replayed) == [
+        "trial 0 (completed, enqueued): logged = replayed: x=0.5",
+        "trial 1 (pruned, sampled): logged x=0.25 != replayed x=0.75",
+        "study s: replay differs: trials 1 proposed otherwise than logged",
+    ]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import gzip
 import struct
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,15 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
+from google.protobuf import json_format
 from numpy.typing import NDArray
 
+from shared.contracts.aistack.v1 import models_pb2
+from shared.distribution import LEVELS
 from shared.feature_store import FEATURE_STATS, OFFLINE_COLUMNS, partition_path
-from svc_trainer.data import load
-from svc_trainer.feature_data import feature_names
+from svc_trainer.data import cache_key, load
+from svc_trainer.evaluation import prepare
+from svc_trainer.feature_data import feature_names, load_features
 from svc_trainer.idx import read_idx, write_idx
 from svc_trainer.plan import TASK_CLASSIFICATION, TASK_REGRESSION, DataSplits, TrialError
 
@@ -620,6 +625,137 @@ def test_features_version_follows_the_files(store: Path) -> None:
     # The lineage names every file read, the new one too.
     files = sorted(str(path) for path in store.rglob("*.parquet"))
     assert list(grown.files) == files and len(first.files) == len(files) - 1
+
+
+def rfc3339(index: int) -> str:
+    """Window ``index``'s start (60 s windows) as the tuner writes a bound."""
+    return (T0 + timedelta(minutes=index)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_window_bounds_read_only_the_windows_starting_between_them(tmp_path: Path) -> None:
+    write_store(tmp_path, series("sensor-1", 30))
+    path = str(tmp_path)
+    bounded = {"path": path, "window_from": rfc3339(5), "window_to": rfc3339(20)}
+    splits = load("features", bounded)
+    x = np.concatenate([splits.x_train, splits.x_val, splits.x_test])
+    y = np.concatenate([splits.y_train, splits.y_val, splits.y_test])
+    # Windows 5..20 read: 3 lags make targets 8..20, and every lag is window 5 or later.
+    assert sorted(y.tolist()) == [10.0 + i for i in range(8, 21)]
+    assert x[:, [0, 7, 14]].min() == 15.0 and x[:, 14].max() == 29.0
+    # Both bounds are inclusive; a lone bound leaves the other side open.
+    only_from = load("features", {"path": path, "window_from": rfc3339(17)})
+    assert np.concatenate([only_from.y_train, only_from.y_val, only_from.y_test]).min() == 30.0
+    only_to = load("features", {"path": path, "window_to": rfc3339(14)})
+    assert np.concatenate([only_to.y_train, only_to.y_val, only_to.y_test]).max() == 24.0
+    # Another offset names the same instant: the same windows.
+    two_hours_east = timezone(timedelta(hours=2))
+    moment = (T0 + timedelta(minutes=5)).astimezone(two_hours_east)
+    shifted = {**bounded, "window_from": moment.isoformat()}
+    assert load("features", shifted).y_test.tolist() == splits.y_test.tolist()
+    # The version is a function of what was read: the bounds are part of it.
+    unbounded = load("features", {"path": path})
+    assert len({splits.version, only_from.version, only_to.version, unbounded.version}) == 4
+    assert load("features", bounded).version == splits.version
+    assert cache_key("features", bounded) != cache_key("features", {"path": path})
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"window_from": "yesterday"},
+            "options[\"window_from\"]='yesterday': expected an RFC 3339",
+        ),
+        ({"window_to": "2026-11-24T10:00:00"}, 'options["window_to"]='),
+        ({"window_to": "2026-11-24T10:00:00"}, "has no time zone"),
+        (
+            {"window_from": "2026-11-24T10:00:00Z", "window_to": "2026-11-24T09:00:00Z"},
+            'options["window_from"]=\'2026-11-24T10:00:00Z\' is after options["window_to"]',
+        ),
+        # Bounds that leave too few windows say so.
+        ({"window_from": rfc3339(0), "window_to": rfc3339(9)}, "window_to " + rfc3339(9)),
+    ],
+)
+def test_bad_window_bounds_are_bad_datasets_naming_the_option(
+    store: Path, options: dict[str, str], message: str
+) -> None:
+    with pytest.raises(TrialError) as caught:
+        load("features", {"path": str(store), **options})
+    assert caught.value.reason == "bad_dataset"
+    assert message in caught.value.message
+
+
+def test_a_read_up_to_window_to_waits_for_the_store_to_reach_it(tmp_path: Path) -> None:
+    windows = series("sensor-1", 21)
+    write_store(tmp_path, windows[:13])
+    options = {"path": str(tmp_path), "window_to": rfc3339(20)}
+    # Windows 13..20 land a moment later, in a later batch, as Spark commits
+    # them: written aside, then renamed into place whole.
+    late = [replace(w, batch=9) for w in windows[13:]]
+    staging = tmp_path.parent / "staging"
+    write_store(staging, late)
+    batch = partition_path(date=late[0].start.strftime("%Y-%m-%d"), metric=late[0].metric,
+                           window=late[0].window, batch=9)  # fmt: skip
+    assert all(w.start.date() == late[0].start.date() for w in late)
+    (tmp_path / batch).parent.mkdir(parents=True, exist_ok=True)
+    writer = threading.Timer(0.5, (staging / batch).rename, args=(tmp_path / batch,))
+    writer.start()
+    try:
+        splits = load_features(options, "", catch_up_seconds=30)
+    finally:
+        writer.join()
+    assert np.concatenate([splits.y_train, splits.y_val, splits.y_test]).max() == 30.0
+
+
+def test_a_store_that_never_reaches_window_to_is_a_clear_error(store: Path) -> None:
+    with pytest.raises(TrialError) as caught:
+        load_features({"path": str(store), "window_to": rfc3339(20)}, "", catch_up_seconds=0)
+    assert caught.value.reason == "bad_dataset"
+    assert f"windows up to {rfc3339(12)}, not yet window_to {rfc3339(20)}" in caught.value.message
+
+
+def test_the_training_distribution_is_the_lag1_windows_of_the_training_split(
+    store: Path,
+) -> None:
+    splits = load("features", {}, features_path=str(store))
+    got = json_format.Parse(splits.distribution, models_pb2.TrainingDistribution())
+    assert (got.feature, got.metric, got.window) == (
+        "temperature@tumbling-60s",
+        "temperature",
+        TUMBLING,
+    )
+    assert [s.statistic for s in got.statistics] == list(FEATURE_STATS)
+    # Targets 3..9 train; their lag-1 windows are 2..8 (x's *_lag1 columns).
+    lag1 = splits.x_train[:, -len(FEATURE_STATS) :].astype(np.float64)
+    np.testing.assert_allclose(lag1[:, 0], [10.0 + i for i in range(2, 9)])
+    for column, reference in enumerate(got.statistics):
+        assert tuple(reference.levels) == LEVELS
+        assert reference.windows == len(splits.y_train) == 7
+        np.testing.assert_allclose(reference.quantiles, np.quantile(lag1[:, column], LEVELS))
+    assert got.first_window_start.ToDatetime(UTC) == T0 + timedelta(minutes=2)
+    assert got.last_window_start.ToDatetime(UTC) == T0 + timedelta(minutes=8)
+
+    # A refit trains on training + validation: its distribution covers both.
+    refit = prepare(splits, {"refit": "true"})
+    both = json_format.Parse(refit.distribution, models_pb2.TrainingDistribution())
+    assert both == json_format.Parse(splits.train_val_distribution, both.__class__())
+    assert both.statistics[0].windows == 8 and both.statistics[0].quantiles[-1] == 19.0
+    assert both.last_window_start.ToDatetime(UTC) == T0 + timedelta(minutes=9)
+    assert prepare(splits, {}).distribution == splits.distribution
+
+
+def test_the_training_distribution_follows_the_window_bounds(tmp_path: Path) -> None:
+    write_store(tmp_path, series("sensor-1", 30))
+    splits = load("features", {"path": str(tmp_path), "window_from": rfc3339(10)})
+    got = json_format.Parse(splits.distribution, models_pb2.TrainingDistribution())
+    # Windows 10..29, 3 lags: targets 13..29, 70 % of 17 -> 11 train, lag-1 windows 12..22.
+    assert got.statistics[0].windows == len(splits.y_train) == 11
+    assert got.first_window_start.ToDatetime(UTC) == T0 + timedelta(minutes=12)
+    assert got.statistics[0].quantiles[0] == 22.0
+
+
+def test_other_datasets_carry_no_distribution(digits: DataSplits) -> None:
+    assert (digits.distribution, digits.train_val_distribution) == ("", "")
 
 
 # -- helpers ----------------------------------------------------------------------------

@@ -3,14 +3,19 @@ trainer's parameters, settings and TensorBoard records. No broker."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from pathlib import Path
 
 import pytest
+from google.protobuf import json_format
 
 from shared.artifacts import ArtifactStore, digest
 from shared.contracts.aistack.v1 import common_pb2, models_pb2, tuning_pb2
+from shared.distribution import training_distribution
 from shared.errors import ConfigError
+from shared.objective import BASELINE_VERSION, VERSION_OFFSET
 from shared.settings import load_settings
 from svc_trainer import trials
 from svc_trainer.plan import DataLoaded, Hyperparams, RunResult, TensorSig, TrialError
@@ -64,6 +69,17 @@ def test_a_request_becomes_a_run(tmp_path: Path) -> None:
     assert trials.model_name(request()) == "study-a" and trials.model_version(request()) == "5"
     assert trials.model_name(request(model_name="digits")) == "digits"
     assert trials.trial_key(request()) == "study-a/4"
+
+
+def test_a_version_offset_puts_a_retunes_versions_after_the_loops_earlier_ones(
+    tmp_path: Path,
+) -> None:
+    offset = request(options={VERSION_OFFSET: "12"})
+    assert trials.model_version(offset) == "17"  # 12 + trial number 4 + 1
+    bad = request(options={VERSION_OFFSET: "-3"})
+    with pytest.raises(TrialError, match="model_version_offset") as caught:
+        spec_of(bad, tmp_path)
+    assert caught.value.reason == "invalid_params"
 
 
 @pytest.mark.parametrize(
@@ -331,3 +347,78 @@ def test_a_plugin_framework_is_known_only_where_its_runner_is_registered() -> No
         frameworks=("torch", "tensorflow", "jax"),
     )
     assert spec.framework == "jax"
+
+
+def baseline_event() -> models_pb2.ModelReady:
+    return models_pb2.ModelReady(
+        model_name="forecast",
+        version="3",
+        format=models_pb2.ARTIFACT_FORMAT_TORCH_EXPORT,
+        artifact_uri="file:///models/forecast/3",
+        sha256="ab" * 32,
+        inputs=[models_pb2.TensorSpec(name="input", datatype="FP32", shape=[-1, 7])],
+        metrics={"val_mae": 0.25},
+    )
+
+
+def test_a_tasks_baseline_travels_in_the_run_spec_as_text(tmp_path: Path) -> None:
+    measured = request(baseline=baseline_event())
+    spec = trials.run_spec(
+        measured,
+        checkpoint_dir=tmp_path / "c",
+        export_dir=tmp_path / "e",
+        tensorboard_dir=tmp_path / "t",
+        device="cpu",
+        threads=0,
+        world_size=0,
+        baseline_dir=tmp_path / "baselines",
+    )
+    assert json_format.Parse(spec.baseline, models_pb2.ModelReady()) == baseline_event()
+    assert spec.baseline_dir == str(tmp_path / "baselines")
+    # A spec is JSON for TensorFlow's workers: the baseline must not break that.
+    json.dumps(dataclasses.asdict(dataclasses.replace(spec, spark=None)))
+    plain = spec_of(request(), tmp_path)
+    assert (plain.baseline, plain.baseline_dir) == ("", "")  # type: ignore[attr-defined]
+
+
+def test_the_model_ready_event_names_its_baseline_and_training_distribution() -> None:
+    distribution = training_distribution(
+        feature="temperature@tumbling-60s",
+        metric="temperature",
+        window="tumbling-60s",
+        statistics={"mean": [1.0, 2.0, 3.0], "stddev": [0.5, 0.5, 0.5]},
+        first_window_start_us=1_000_000,
+        last_window_start_us=3_000_000,
+    )
+    data = DataLoaded(
+        "features",
+        "v1",
+        "/store",
+        (),
+        feature="temperature@tumbling-60s",
+        distribution=json_format.MessageToJson(distribution, indent=None),
+    )
+    result = RunResult(
+        epochs_completed=1,
+        val_metrics={"val_mae": 0.2, "baseline_val_mae": 0.3},
+        export_format="torch_export",
+    )
+    measured = request(baseline=baseline_event())
+    ready = trials.model_ready(
+        measured, result, data, artifact_uri="file:///x", sha256="s", size_bytes=1, trainer_id="t"
+    )
+    assert ready.training_distribution == distribution
+    assert ready.labels[BASELINE_VERSION] == "3"
+    assert ready.metrics["baseline_val_mae"] == 0.3
+
+    plain = trials.model_ready(
+        request(),
+        result,
+        DataLoaded("digits", "v", "sklearn", ()),
+        artifact_uri="file:///x",
+        sha256="s",
+        size_bytes=1,
+        trainer_id="t",
+    )
+    assert not plain.HasField("training_distribution")
+    assert BASELINE_VERSION not in plain.labels

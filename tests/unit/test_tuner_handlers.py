@@ -71,3 +71,47 @@ def test_a_completed_trial_makes_room_for_the_next_and_a_stray_report_is_dead_le
     # The freed partition goes to the request that took the slot.
     assert slots.place(second.trial_id) == 0
     assert [r.offset for r in source.committed] == [0, 1]
+
+
+def test_drift_events_start_one_retune_and_its_first_trials_are_asked() -> None:
+    from shared.contracts.aistack.v1 import models_pb2, monitoring_pb2
+    from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+    from svc_tuner.handlers import DriftHandler
+
+    engine = Engine(optuna.storages.InMemoryStorage())
+    spec = load_spec(SPEC + "retune: {on_drift: true, max_trials: 2}\n")
+    study_id, _ = engine.create_study(spec)
+    while engine.state(study_id) == api.STUDY_STATE_RUNNING:
+        for request in engine.ask(study_id).requests:
+            engine.mark_published(request)
+            done = tuning_pb2.TrialCompleted(value=float(request.trial_number))
+            engine.apply(
+                Report(trial_id=request.trial_id, study_id=study_id, attempt=1, completed=done)
+            )
+    Drift = monitoring_pb2.DriftDetected
+    serving = models_pb2.ModelReady(model_name="m", version="3")
+    drift = Drift(drift_id="d", model_name="m", study_id=study_id, serving=serving)
+    other = Drift(drift_id="e", model_name="m", study_id="not-tuned-here")
+    source: MemorySource[monitoring_pb2.DriftDetected] = MemorySource(
+        [record(Drift, m, offset=i) for i, m in enumerate((drift, drift, other))]
+    )
+    published: list[Outcome] = []
+    publisher = MemoryPublisher()
+    loop = ConsumeLoop(
+        source,
+        DriftHandler(engine, published.append),
+        publisher=publisher,
+        dead_letters=DeadLetters(publisher, topic=DLQ, service="svc_tuner"),
+    )
+
+    loop.step()
+
+    [outcome] = published
+    # The re-tune's first trial: the study's best (trial 0, value 0.0).
+    [first] = outcome.requests
+    assert first.study_id == f"{study_id}-retune-1" and first.task.baseline.version == "3"
+    best = engine.trial(study_id, 0).params
+    assert {k: v.float_value for k, v in first.params.items()} == best
+    assert sorted(engine.study_ids()) == [study_id, f"{study_id}-retune-1"]
+    assert publisher.dead_letters(DLQ) == []
+    assert [r.offset for r in source.committed] == [0, 1, 2]

@@ -102,6 +102,8 @@ def _set_low(index: int, domain: str, value: float) -> Callable[[tuning_pb2.Stud
         (lambda s: s.sampler.options.__setitem__("no_such", "1"), "sampler.options.no_such"),
         (lambda s: setattr(s.pruner, "reduction_factor", 1), "pruner.reduction_factor"),
         (lambda s: setattr(s.params[3].int_range, "step", 2), "params[3].int_range.step"),
+        (lambda s: setattr(s.retune, "max_trials", -1), "retune.max_trials"),
+        (lambda s: setattr(s.retune, "warm_trials", -2), "retune.warm_trials"),
     ],
 )
 def test_an_invalid_spec_names_the_field(

@@ -1,0 +1,50 @@
+"""svc_monitor's Prometheus metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from shared.metrics import NAMESPACE
+
+
+@dataclass(frozen=True)
+class MonitorMetrics:
+    windows: Counter
+    judgements: Counter
+    drift_events: Counter
+    watched: Gauge
+    dead_letters: Counter
+
+    @classmethod
+    def create(cls, registry: CollectorRegistry = REGISTRY) -> MonitorMetrics:
+        common: dict[str, Any] = {"namespace": NAMESPACE, "registry": registry}
+
+        def counter(name: str, text: str, labels: tuple[str, ...]) -> Counter:
+            return Counter(f"monitor_{name}", text, labels, **common)
+
+        return cls(
+            # Counted once its batch has been judged: a test that sees the
+            # count knows the verdicts on those windows are in.
+            windows=counter(
+                "windows",
+                "Feature windows read and judged: new, repeated (a window key seen "
+                "before) or late (older than a full horizon)",
+                ("outcome",),
+            ),
+            judgements=counter(
+                "judgements",
+                "Judgements of a watched version: steady, drift, or holding (drifted, "
+                "and the horizon has not turned over since)",
+                ("model", "verdict"),
+            ),
+            drift_events=counter("drift_events", "DriftDetected events published", ("model",)),
+            watched=Gauge(
+                "monitor_watched_models",
+                "Models whose champion carries a training distribution",
+                **common,
+            ),
+            dead_letters=counter("dead_letters", "Records dead-lettered", ("reason",)),
+        )

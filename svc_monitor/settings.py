@@ -1,0 +1,67 @@
+"""svc_monitor's settings: ``AISTACK_MONITOR_*`` and the shared ones."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from shared.bus.topics import (
+    EVENTS_DLQ,
+    FEATURES_WINDOWS,
+    MODELS_READY,
+    MONITORING_DRIFT,
+    TOPICS_BY_NAME,
+    TopicSpec,
+)
+from shared.settings import ServiceSettings
+from svc_monitor.drift import Thresholds
+
+
+class MonitorSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="AISTACK_MONITOR_", frozen=True, extra="ignore")
+
+    models_topic: str = MODELS_READY
+    windows_topic: str = FEATURES_WINDOWS
+    drift_topic: str = MONITORING_DRIFT
+    dlq_topic: str = EVENTS_DLQ
+    # A statistic drifts when its PSI and its KS D pass these, and D passes
+    # the KS test's critical value at alpha.
+    psi_threshold: float = Field(default=0.25, gt=0, le=100)
+    ks_threshold: float = Field(default=0.2, gt=0, lt=1)
+    alpha: float = Field(default=0.001, gt=0, lt=1)
+    # Fewer windows of a feature than this are not judged.
+    min_windows: int = Field(default=20, ge=2, le=1_000_000)
+    # The sliding horizon: a feature's latest this many windows.
+    horizon_windows: int = Field(default=120, ge=2, le=1_000_000)
+    # Records per partition of the windows topic read back on start to refill
+    # the horizons (0: start empty and wait for new windows).
+    rebuild_records: int = Field(default=1000, ge=0, le=10_000_000)
+    # How long start-up may take to read the models and drift topics.
+    replay_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
+    metrics_port: int = Field(default=9107, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _check_horizon(self) -> MonitorSettings:
+        if self.min_windows > self.horizon_windows:
+            raise ValueError(
+                f"AISTACK_MONITOR_MIN_WINDOWS ({self.min_windows}) exceeds "
+                f"AISTACK_MONITOR_HORIZON_WINDOWS ({self.horizon_windows}): nothing "
+                "would ever be judged"
+            )
+        return self
+
+    def thresholds(self) -> Thresholds:
+        return Thresholds(
+            psi=self.psi_threshold,
+            ks=self.ks_threshold,
+            alpha=self.alpha,
+            min_windows=self.min_windows,
+        )
+
+    def topic_specs(self) -> list[TopicSpec]:
+        return [
+            TOPICS_BY_NAME[MODELS_READY].named(self.models_topic),
+            TOPICS_BY_NAME[FEATURES_WINDOWS].named(self.windows_topic),
+            TOPICS_BY_NAME[MONITORING_DRIFT].named(self.drift_topic),
+            TOPICS_BY_NAME[EVENTS_DLQ].named(self.dlq_topic),
+        ]
