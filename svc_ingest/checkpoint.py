@@ -120,6 +120,8 @@ class BatchCheckpoint:
             self._writer.add(
                 message.partition, outcome.topic, outcome.key, outcome.value, outcome.headers
             )
+            for key, value, headers in outcome.more:
+                self._writer.add(message.partition, outcome.topic, key, value, headers)
         return outcome
 
     async def _send(self) -> list[Any]:

@@ -1,8 +1,15 @@
 """The cleaning of one raw record: parse, validate, normalise.
 
-``Cleaner.clean`` either returns a CleanEvent (event id, entity, UTC event
-time, canonical units, attributes) or raises RecordRejected with a reason code.
-It never raises anything else on any input: a property test holds it to that.
+``Cleaner.clean_all`` either returns the record's CleanEvents (event id,
+entity, UTC event time, canonical units, attributes) or raises RecordRejected
+with a reason code. It never raises anything else on any input: a property
+test holds it to that.
+
+Most records are one event. A SenML pack, a Telegraf batch or several lines
+of line protocol are several: one per reading, i.e. per (entity, time) for
+SenML, per metric object for Telegraf, per line for line protocol. A record
+is accepted whole or dead-lettered whole (with the record or line at
+fault), so a replay of its dead letter never duplicates half of it.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1 import events_pb2
-from svc_ingest import accesslog, fields, payload, units
+from svc_ingest import accesslog, fields, influx, payload, senml, units
 from svc_ingest.rejection import RecordRejected
 from svc_ingest.rules import CleaningRules
 from svc_ingest.timestamps import parse_time
@@ -45,6 +52,13 @@ _SENSOR_KINDS = frozenset({"sensor", "sensor_reading", "reading"})
 _WEB_KINDS = frozenset({"web", "web_request", "access_log", "request"})
 
 _SENSOR_KEYS = frozenset((*_EVENT_ID, *_TIME, *_DEVICE, *_KIND, "metrics", "attributes"))
+# The flat single reading: {"device_id", "timestamp", "metric", "value", "unit"}.
+_FLAT_KEYS = frozenset((*_SENSOR_KEYS, "metric", "value", "unit"))
+# Telegraf and line protocol tags naming the entity, first found wins; a
+# device's own tag before the Telegraf agent's host.
+_ENTITY_TAGS = (*_DEVICE, "host")
+# A text line that starts like "host ident user [" meant to be an access log.
+_ACCESS_LOG_LIKE = re.compile(r"\S+ \S+ \S+ \[")
 _WEB_KEYS = frozenset(
     (
         *_EVENT_ID,
@@ -92,34 +106,65 @@ class Cleaner:
         self._ranges = rules.metric_ranges
         self._specs: dict[tuple[Any, Any], _Spec] = {}
 
-    def clean(
+    def clean_all(
         self, value: bytes | None, key: bytes | None, content_type: str, now_us: int
-    ) -> events_pb2.CleanEvent:
-        """The CleanEvent of one raw record (``source`` and ``ingest_time`` unset).
+    ) -> list[events_pb2.CleanEvent]:
+        """The CleanEvents of one raw record, at least one (``source`` and
+        ``ingest_time`` unset).
 
-        Raises RecordRejected, and nothing else, for any bytes and headers.
+        An event without a producer's id gets the record's content hash,
+        suffixed ``-{index}`` when the record holds several: retries of the
+        same bytes get the same ids, so they deduplicate. Raises
+        RecordRejected, and nothing else, for any bytes and headers.
         """
         found = payload.decode(value, content_type, self._rules)
         assert value is not None  # decode rejects a missing value
         try:
             if isinstance(found, dict):
-                event = self._from_json(found, key)
+                events = self._from_json(found, key)
+            elif isinstance(found, list):
+                events = self._from_senml(found, key, now_us)
             elif isinstance(found, str):
-                event = self._from_log_line(found, key)
+                events = self._from_text(found, key, now_us)
             else:
-                event = self._from_protobuf(found, key)
+                events = [self._from_protobuf(found, key)]
         except UnicodeEncodeError:
             # JSON escapes can spell lone surrogates, which no UTF-8 string holds.
             raise RecordRejected("invalid_utf8", "a string holds a lone surrogate escape") from None
-        if not event.event_id:
-            event.event_id = content_hash(value)
-        self._check_time(event, now_us)
-        return event
+        if len(events) > self._rules.max_events:
+            raise RecordRejected(
+                "invalid_field",
+                f"record holds {len(events)} readings, over the limit of {self._rules.max_events}",
+            )
+        base = ""
+        for index, event in enumerate(events):
+            if not event.event_id:
+                base = base or content_hash(value)
+                event.event_id = base if len(events) == 1 else f"{base}-{index}"
+            self._check_time(event, now_us)
+        return events
+
+    def clean(
+        self, value: bytes | None, key: bytes | None, content_type: str, now_us: int
+    ) -> events_pb2.CleanEvent:
+        """The CleanEvent of a raw record that holds one (most do): for callers
+        that publish one event per record. A record of several readings is
+        RecordRejected ``several_events``, never cut short; ``clean_all``
+        takes every record.
+        """
+        events = self.clean_all(value, key, content_type, now_us)
+        if len(events) != 1:
+            raise RecordRejected(
+                "several_events", f"record holds {len(events)} readings; use clean_all"
+            )
+        return events[0]
 
     # JSON -------------------------------------------------------------------
 
-    def _from_json(self, doc: dict[str, Any], key: bytes | None) -> events_pb2.CleanEvent:
+    def _from_json(self, doc: dict[str, Any], key: bytes | None) -> list[events_pb2.CleanEvent]:
         kind = self._json_kind(doc)
+        if kind == "telegraf":
+            return self._from_telegraf(doc, key)
         event = events_pb2.CleanEvent()
         _, event_id = fields.first(doc, _EVENT_ID)
         if event_id is not None:
@@ -135,8 +180,7 @@ class Cleaner:
             for name, item in attributes.items():
                 event.attributes[name] = fields.attribute_value(item)
         if kind == "sensor":
-            self._sensor_json(doc, event)
-            known = _SENSOR_KEYS
+            known = self._sensor_json(doc, event)
         else:
             self._web_json(doc, event, key)
             known = _WEB_KEYS
@@ -144,7 +188,7 @@ class Cleaner:
         for name, item in doc.items():
             if name not in known:
                 event.attributes[name] = fields.attribute_value(item)
-        return event
+        return [event]
 
     @staticmethod
     def _json_kind(doc: Mapping[str, Any]) -> str:
@@ -154,17 +198,20 @@ class Cleaner:
                 return "sensor"
             if declared.strip().lower() in _WEB_KINDS:
                 return "web"
+        if _is_telegraf(doc):
+            return "telegraf"
         if "metrics" in doc or any(name in doc for name in _DEVICE):
             return "sensor"
         if "method" in doc or "request" in doc or "status" in doc:
             return "web"
         raise RecordRejected(
             "unknown_event_kind",
-            "JSON is neither a sensor reading (device_id, metrics) "
-            "nor a web request (method, path, status)",
+            "JSON is neither a sensor reading (device_id, metrics or metric and value), "
+            "a Telegraf metric (name, fields) nor a web request (method, path, status)",
         )
 
-    def _sensor_json(self, doc: Mapping[str, Any], event: events_pb2.CleanEvent) -> None:
+    def _sensor_json(self, doc: Mapping[str, Any], event: events_pb2.CleanEvent) -> frozenset[str]:
+        """Fill the reading; returns the fields it used (the rest become attributes)."""
         _, device = fields.first(doc, _DEVICE)
         if device is None:
             raise RecordRejected("missing_field", "sensor reading has no device_id")
@@ -172,8 +219,15 @@ class Cleaner:
         reading.device_id = fields.identifier(device, "device_id", self._rules.max_id_length)
         event.entity_id = reading.device_id
         metrics = doc.get("metrics")
+        if metrics is None and "metric" in doc:
+            if "value" not in doc:
+                raise RecordRejected("missing_field", f"metric {doc['metric']!r} has no value")
+            self._add_measurement(reading, doc["metric"], doc["value"], doc.get("unit", ""))
+            return _FLAT_KEYS
         if metrics is None:
-            raise RecordRejected("missing_field", "sensor reading has no metrics")
+            raise RecordRejected(
+                "missing_field", "sensor reading has no metrics (nor a metric and its value)"
+            )
         if isinstance(metrics, dict):
             items = list(metrics.items())
         elif isinstance(metrics, list):
@@ -190,6 +244,7 @@ class Cleaner:
                 raw_value, unit = given, ""
             names.add(self._add_measurement(reading, name, raw_value, unit))
         self._check_measurements(reading, names)
+        return _SENSOR_KEYS
 
     @staticmethod
     def _listed_metric(entry: Any) -> tuple[Any, Any]:
@@ -241,7 +296,141 @@ class Cleaner:
             web.referer = fields.text(referer, "referer")
         self._check_web(web)
 
+    # SenML, Telegraf and line protocol --------------------------------------
+
+    def _from_senml(
+        self, pack: list[Any], key: bytes | None, now_us: int
+    ) -> list[events_pb2.CleanEvent]:
+        """One event per (entity, time) of the pack, in order of first record.
+
+        Numbers (``v``) and booleans (``vb``, as 1.0 and 0.0) are measurements;
+        text (``vs``, ``vd``) and unknown labels are attributes of their reading.
+        """
+        events: dict[tuple[str, int], events_pb2.CleanEvent] = {}
+        names: dict[tuple[str, int], set[str]] = {}
+        for record in senml.resolve(pack, now_us):
+            try:
+                entity = self._entity(record.entity, key, "SenML name has no device part (bn)")
+                group = (entity, record.time_us)
+                event = events.get(group)
+                if event is None:
+                    event = events[group] = events_pb2.CleanEvent(entity_id=entity)
+                    event.sensor_reading.device_id = entity
+                    _set_time(event.event_time, record.time_us)
+                    names[group] = set()
+                value = record.value
+                if isinstance(value, str):
+                    _set_attribute(event, record.metric, value)
+                else:
+                    names[group].add(
+                        self._add_measurement(
+                            event.sensor_reading, record.metric, float(value), record.unit
+                        )
+                    )
+                for label, item in record.extra.items():
+                    _set_attribute(event, f"{record.metric}.{label}", fields.attribute_value(item))
+            except RecordRejected as rejected:
+                raise RecordRejected(
+                    rejected.reason, f"SenML record {record.index}: {rejected.message}"
+                ) from None
+        for group, event in events.items():
+            if not event.sensor_reading.measurements:
+                raise RecordRejected(
+                    "missing_field",
+                    f"SenML records of {group[0]!r} at one time hold no number or boolean",
+                )
+            self._check_measurements(event.sensor_reading, names[group])
+        return list(events.values())
+
+    def _from_point(
+        self, point: influx.Point, key: bytes | None, now_us: int | None
+    ) -> events_pb2.CleanEvent:
+        """One event per point: metrics ``<measurement>.<field>``, dimensionless
+        (neither format carries units); tags and string fields are attributes."""
+        event = events_pb2.CleanEvent()
+        entity_tag, given = fields.first(point.tags, _ENTITY_TAGS)
+        entity = self._entity(given, key, "point has no device_id, device or host tag")
+        event.entity_id = event.sensor_reading.device_id = entity
+        if point.time is None:
+            if now_us is None:
+                raise RecordRejected("missing_field", "point has no timestamp")
+            _set_time(event.event_time, now_us)  # as InfluxDB: no time means now
+        else:
+            _set_time(event.event_time, parse_time(point.time))
+        for tag, text in point.tags.items():
+            if tag != entity_tag:
+                event.attributes[tag] = text
+        names = set()
+        reading = event.sensor_reading
+        for field, value in point.fields.items():
+            if isinstance(value, str):
+                _set_attribute(event, field, value)
+            else:
+                metric = f"{point.measurement}.{field}"
+                names.add(self._add_measurement(reading, metric, float(value), None))
+        if not reading.measurements:
+            raise RecordRejected("missing_field", "point has no numeric or boolean field")
+        self._check_measurements(reading, names)
+        return event
+
+    def _from_telegraf(
+        self, doc: Mapping[str, Any], key: bytes | None
+    ) -> list[events_pb2.CleanEvent]:
+        points = influx.telegraf_points(doc)
+        if "fields" in doc:
+            return [self._from_point(points[0], key, None)]
+        events = []
+        for index, point in enumerate(points):
+            try:
+                events.append(self._from_point(point, key, None))
+            except RecordRejected as rejected:
+                raise RecordRejected(
+                    rejected.reason, f"metrics[{index}]: {rejected.message}"
+                ) from None
+        return events
+
+    def _entity(self, given: Any, key: bytes | None, missing: str) -> str:
+        """The device id as given, else the record key (how Kafka producers name a source)."""
+        if not given and key:
+            given = key.decode("utf-8", errors="replace")
+        if not given:
+            raise RecordRejected("missing_field", missing)
+        return fields.identifier(given, "device_id", self._rules.max_id_length)
+
     # Log lines and protobuf -------------------------------------------------
+
+    def _from_text(self, text: str, key: bytes | None, now_us: int) -> list[events_pb2.CleanEvent]:
+        """Access-log lines are web requests; any other text is line protocol."""
+        lines = text.split("\n")
+        if len(lines) == 1:
+            return self._from_line(text, key, now_us)
+        events = []
+        for number, line in enumerate(lines, 1):
+            line = line.rstrip("\r")
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            try:
+                events.extend(self._from_line(line, key, now_us))
+            except RecordRejected as rejected:
+                raise RecordRejected(
+                    rejected.reason, f"line {number}: {rejected.message}"
+                ) from None
+        if not events:
+            raise RecordRejected("malformed_log_line", "text holds no line")
+        return events
+
+    def _from_line(self, line: str, key: bytes | None, now_us: int) -> list[events_pb2.CleanEvent]:
+        try:
+            return [self._from_log_line(line, key)]
+        except RecordRejected as rejected:
+            if rejected.reason != "malformed_log_line" or _ACCESS_LOG_LIKE.match(line):
+                raise
+            if "=" not in line:
+                raise RecordRejected(
+                    "malformed_log_line",
+                    f"neither a Combined Log Format line nor line protocol: {line[:120]!r}",
+                ) from None
+        return [self._from_point(influx.parse_line(line), key, now_us)]
 
     def _from_log_line(self, line: str, key: bytes | None) -> events_pb2.CleanEvent:
         event = events_pb2.CleanEvent()
@@ -396,6 +585,26 @@ class Cleaner:
             )
         if when < 0:
             raise RecordRejected("invalid_timestamp", "event time is before 1970")
+
+
+def _is_telegraf(doc: Mapping[str, Any]) -> bool:
+    """A Telegraf JSON metric, or its batch ``{"metrics": [{"fields": …}, …]}``."""
+    if "fields" in doc and "name" in doc:
+        return True
+    batch = doc.get("metrics")
+    return (
+        isinstance(batch, list)
+        and bool(batch)
+        and isinstance(batch[0], dict)
+        and "fields" in batch[0]
+        and not any(name in doc for name in _DEVICE)
+    )
+
+
+def _set_attribute(event: events_pb2.CleanEvent, name: str, value: str) -> None:
+    if name in event.attributes:
+        raise RecordRejected("duplicate_key", f"{name!r} is both a tag and a field, or twice")
+    event.attributes[name] = value
 
 
 def _set_time(stamp: Timestamp, micros: int) -> None:

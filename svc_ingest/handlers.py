@@ -1,4 +1,4 @@
-"""One raw record in, one outcome out: a clean event, a dead letter, or a duplicate.
+"""One raw record in, one outcome out: clean events, a dead letter, or a duplicate.
 
 Thin: the cleaning is ``Cleaner``'s, the memory of ids ``DedupWindow``'s; this
 module only picks the outcome and builds the record to publish.
@@ -7,7 +7,7 @@ module only picks the outcome and builds the record to publish.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from shared.bus import envelope
@@ -21,6 +21,8 @@ from svc_ingest.rejection import RecordRejected
 SERVICE = "svc_ingest"
 
 OutcomeKind = Literal["clean", "dead_letter", "duplicate"]
+# key, value, headers of one more record to ``Outcome.topic``
+Extra = tuple[bytes | None, bytes, list[tuple[str, bytes]]]
 
 
 @dataclass(slots=True)
@@ -34,6 +36,9 @@ class Outcome:
     reason: str = ""
     message: str = ""
     event_id: str = ""
+    # A record of several readings (a SenML pack, a Telegraf batch, lines of
+    # line protocol): the clean events after the first, to the same topic.
+    more: list[Extra] = field(default_factory=list)
 
 
 class RecordHandler:
@@ -72,14 +77,34 @@ class RecordHandler:
             pairs = list(headers.items() if isinstance(headers, Mapping) else headers or ())
         found = envelope.parse_headers(pairs)
         try:
-            event = self._cleaner.clean(value, key, found.content_type, now_us)
+            events = self._cleaner.clean_all(value, key, found.content_type, now_us)
         except RecordRejected as rejected:
             trace = self._trace(found.traceparent)
             return self._dead_letter(partition, offset, key, value, pairs, rejected, trace)
-        event_id = event.event_id
-        if not self._dedup.first_sighting(event_id.encode(), now_us // 1000, partition, offset):
-            return Outcome("duplicate", "", None, None, [], event_id=event_id)
+        now_ms = now_us // 1000
+        fresh = [
+            event
+            for event in events
+            if self._dedup.first_sighting(event.event_id.encode(), now_ms, partition, offset)
+        ]
+        if not fresh:
+            return Outcome("duplicate", "", None, None, [], event_id=events[0].event_id)
         trace = self._trace(found.traceparent)
+        records = [self._clean_record(event, partition, offset, now_us, trace) for event in fresh]
+        key_out, value_out, headers_out = records[0]
+        return Outcome(
+            "clean",
+            self._clean_topic,
+            key_out,
+            value_out,
+            headers_out,
+            event_id=fresh[0].event_id,
+            more=records[1:],
+        )
+
+    def _clean_record(
+        self, event: events_pb2.CleanEvent, partition: int, offset: int, now_us: int, trace: str
+    ) -> Extra:
         ingest_time = event.ingest_time
         ingest_time.seconds, rest = divmod(now_us, 1_000_000)
         ingest_time.nanos = rest * 1000
@@ -87,13 +112,10 @@ class RecordHandler:
         source.topic = self._source_topic
         source.partition = partition
         source.offset = offset
-        return Outcome(
-            "clean",
-            self._clean_topic,
+        return (
             event.entity_id.encode(),
             event.SerializeToString(),
-            self._clean_headers.build(event_id, trace),
-            event_id=event_id,
+            self._clean_headers.build(event.event_id, trace),
         )
 
     @staticmethod

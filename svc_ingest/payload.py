@@ -1,8 +1,12 @@
-"""From a raw record's bytes to a JSON object, a RawEvent or a log line.
+"""From a raw record's bytes to a JSON object or SenML pack, a RawEvent or text.
 
 The ``content-type`` header decides; without one, the bytes do: a JSON
 document starts with ``{`` or ``[`` after blanks, a log line is printable
-text, anything else is tried as protobuf.
+text, anything else is tried as protobuf (then as lines of text). A JSON
+array is a SenML pack (RFC 8428) when its first record has a name (``bn`` or
+``n``) or the content type says ``application/senml+json``; any other array
+is ``not_an_object``. Text is one or more lines: access-log lines or InfluxDB
+line protocol, told apart by the cleaner.
 """
 
 from __future__ import annotations
@@ -18,13 +22,15 @@ from shared.contracts.aistack.v1 import events_pb2
 from svc_ingest.rejection import RecordRejected
 from svc_ingest.rules import CleaningRules
 
-Payload = dict[str, Any] | events_pb2.RawEvent | str
+# A JSON object, a SenML pack, a RawEvent, or printable lines of text.
+Payload = dict[str, Any] | list[Any] | events_pb2.RawEvent | str
 
 JSON_TYPES = frozenset({"application/json", "text/json", "application/cloudevents+json"})
 PROTOBUF_TYPES = frozenset(
     {"application/x-protobuf", "application/protobuf", "application/vnd.google.protobuf"}
 )
 TEXT_TYPES = frozenset({"text/plain", "text/x-log"})
+SENML_TYPES = frozenset({"application/senml+json"})
 
 _BOM = b"\xef\xbb\xbf"
 _JSON_STARTS = frozenset(b"{[")
@@ -82,10 +88,12 @@ def decode(value: bytes | None, content_type: str, rules: CleaningRules) -> Payl
         return decode_protobuf(value)
     if kind in TEXT_TYPES:
         return decode_text(value)
+    if kind in SENML_TYPES:
+        return decode_json(value, rules, senml=True)
     if kind:
         raise RecordRejected(
             "unsupported_content_type",
-            f"content-type {kind!r} is not JSON, protobuf or a text log line",
+            f"content-type {kind!r} is not JSON, SenML JSON, protobuf or text",
         )
     return _detect(value, rules)
 
@@ -119,7 +127,7 @@ def _detect(value: bytes, rules: CleaningRules) -> Payload:
     try:
         return decode_protobuf(value)
     except RecordRejected:
-        return _line(text)
+        return _lines(text)
 
 
 def _mostly_text(value: bytes) -> bool:
@@ -128,8 +136,12 @@ def _mostly_text(value: bytes) -> bool:
     return printable * 10 >= len(sample) * 9
 
 
-def decode_json(value: bytes, rules: CleaningRules) -> dict[str, Any]:
-    """A JSON object, or RecordRejected with the precise reason.
+def decode_json(
+    value: bytes, rules: CleaningRules, *, senml: bool = False
+) -> dict[str, Any] | list[Any]:
+    """A JSON object or SenML pack, or RecordRejected with the precise reason.
+
+    ``senml``: the content type said SenML, so only an array will do.
 
     orjson parses the common case; it cannot see duplicate keys (the last one
     wins), so its result counts only when the document holds exactly as many
@@ -142,15 +154,37 @@ def decode_json(value: bytes, rules: CleaningRules) -> dict[str, Any]:
         except orjson.JSONDecodeError:
             pass
         else:
-            if not isinstance(document, dict):
-                raise RecordRejected(
-                    "not_an_object", f"JSON value must be an object, got {_json_kind(document)}"
-                )
+            _check_shape(document, senml)
             keys = _count_keys(document)
             # A key end is '":' unless the producer puts blanks before the colon.
             if keys == value.count(b'":') or keys == len(_KEY_END.findall(value)):
-                return document
-    return _decode_json_strictly(value, rules)
+                return document  # type: ignore[no-any-return]
+    return _decode_json_strictly(value, rules, senml)
+
+
+def _check_shape(document: Any, senml: bool) -> None:
+    if senml:
+        if not isinstance(document, list):
+            raise RecordRejected(
+                "not_an_object", f"a SenML pack is a JSON array, got {_json_kind(document)}"
+            )
+        return
+    if isinstance(document, dict) or is_senml_pack(document):
+        return
+    raise RecordRejected(
+        "not_an_object", f"JSON value must be an object, got {_json_kind(document)}"
+    )
+
+
+def is_senml_pack(document: Any) -> bool:
+    """An array whose first record names something: RFC 8428 requires every
+    resolved record to have a name, so the first one has ``bn`` or ``n``."""
+    return (
+        isinstance(document, list)
+        and bool(document)
+        and isinstance(document[0], dict)
+        and ("bn" in document[0] or "n" in document[0])
+    )
 
 
 _KEY_END = re.compile(rb'"\s*:')
@@ -180,7 +214,9 @@ def _utf8(value: bytes, what: str) -> str:
         raise RecordRejected("invalid_utf8", f"value is not valid UTF-8: {exc}") from None
 
 
-def _decode_json_strictly(value: bytes, rules: CleaningRules) -> dict[str, Any]:
+def _decode_json_strictly(
+    value: bytes, rules: CleaningRules, senml: bool
+) -> dict[str, Any] | list[Any]:
     text = _utf8(value, "JSON")
     # The exact depth walk only runs when the bracket count allows deep nesting.
     if value.count(b"{") + value.count(b"[") > rules.max_nesting_depth:
@@ -199,11 +235,8 @@ def _decode_json_strictly(value: bytes, rules: CleaningRules) -> dict[str, Any]:
         raise RecordRejected("too_deep", "JSON nesting is too deep") from None
     except ValueError as exc:
         raise RecordRejected("invalid_json", f"value is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise RecordRejected(
-            "not_an_object", f"JSON value must be an object, got {_json_kind(document)}"
-        )
-    return document
+    _check_shape(document, senml)
+    return document  # type: ignore[no-any-return]
 
 
 def _check_depth(text: str, limit: int) -> None:
@@ -255,7 +288,20 @@ def decode_protobuf(value: bytes) -> events_pb2.RawEvent:
 
 
 def decode_text(value: bytes) -> str:
-    return _line(_utf8(value, "a log line"))
+    return _lines(_utf8(value, "text"))
+
+
+def _lines(text: str) -> str:
+    """One or more lines of printable text (``\n`` or ``\r\n`` between them)."""
+    if "\n" not in text.rstrip("\r\n"):
+        return _line(text)
+    body = text.rstrip("\r\n")
+    for number, line in enumerate(body.split("\n"), 1):
+        if not line.rstrip("\r").isprintable():
+            raise RecordRejected(
+                "malformed_log_line", f"line {number} is not one line of printable text"
+            )
+    return body
 
 
 def _line(text: str) -> str:

@@ -20,7 +20,8 @@ REASONS = frozenset(
         "too_deep",  # nesting over AISTACK_INGEST_MAX_NESTING_DEPTH
         "non_finite",  # NaN or ±Infinity
         "invalid_protobuf",
-        "malformed_log_line",
+        "malformed_log_line",  # text that is neither an access-log line nor line protocol
+        "malformed_line_protocol",  # InfluxDB line protocol that does not parse
         "unknown_event_kind",  # neither a sensor reading nor a web request
         "missing_field",
         "invalid_type",

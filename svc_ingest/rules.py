@@ -20,3 +20,5 @@ class CleaningRules:
     )
     max_id_length: int = 256
     max_metrics: int = 256
+    # Readings in one record (a SenML pack, a Telegraf batch, lines of text).
+    max_events: int = 1024

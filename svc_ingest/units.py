@@ -39,7 +39,7 @@ UNITS: Mapping[str, Unit] = {
     **_units(
         "temperature",
         "degC",
-        (("c", "°c", "degc", "celsius", "℃"), 1.0, 0.0),
+        (("c", "°c", "degc", "celsius", "℃", "cel"), 1.0, 0.0),  # "Cel": SenML
         (("f", "°f", "degf", "fahrenheit", "℉"), 5 / 9, -32 * 5 / 9),
         (("k", "kelvin"), 1.0, -273.15),
     ),

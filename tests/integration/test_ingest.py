@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -280,6 +281,103 @@ def tombstones_in(infra: Infra, topic: str) -> int:
             for record in consumer.consume(100, timeout=0.5):
                 if not record.error() and record.value() is None:
                     found += 1
+    finally:
+        consumer.close()
+    return found
+
+
+def test_device_payloads_of_every_accepted_shape_are_cleaned(
+    infra: Infra, topics: Topics, workers: list[Worker], tmp_path: Path
+) -> None:
+    """A flat reading, a SenML pack, a Telegraf batch and line protocol, through the worker."""
+    now = int(time.time())
+
+    def record(key: bytes, value: bytes, content_type: str) -> RawRecord:
+        headers = [("content-type", content_type.encode())] if content_type else []
+        return RawRecord(key, value, tuple(headers), "clean", "", "")
+
+    flat = {
+        "event_id": "flat-1",
+        "device_id": "thermo-9",
+        "timestamp": now,
+        "metric": "temperature",
+        "value": 68,
+        "unit": "F",
+    }
+    pack = [
+        {"bn": "urn:dev:ow:10e2073a01080063:", "bt": now, "bu": "Cel"},
+        {"n": "temperature", "v": 21.5},
+        {"n": "temperature", "t": -10, "v": 21.0},
+    ]
+    metric = {"name": "env", "tags": {"device": "sensor-7"}, "fields": {"co2": 415}}
+    telegraf = {"metrics": [{**metric, "timestamp": now}, {**metric, "timestamp": now - 1}]}
+    lines = f"env,host=gw-1 co2=400i {now}000000000\nenv,host=gw-1 co2=401i {now - 1}000000000"
+    sums = [{"bn": "dev-1:", "n": "energy", "s": 10}]
+    records = [
+        record(b"thermo-9", json.dumps(flat).encode(), "application/json"),
+        record(b"dev", json.dumps(pack).encode(), ""),  # a JSON array, sniffed as SenML
+        record(b"sensor-7", json.dumps(telegraf).encode(), "application/json"),
+        record(b"gw-1", lines.encode(), "text/plain"),
+        record(b"dev-1", json.dumps(sums).encode(), "application/senml+json"),
+    ]
+    publish(infra, topics.raw, records)
+    worker = Worker(infra, topics, tmp_path / "w")
+    workers.append(worker)
+    worker.wait_ready()
+
+    written = read_outputs(infra.kafka, topics, expected_total=8, quiet=2)
+
+    several = [content_hash(r.value or b"") for r in records[1:4]]
+    assert written.clean_ids == Counter(
+        ["flat-1", *(f"{base}-{i}" for base in several for i in (0, 1))]
+    )
+    assert list(written.dead_letters.values()) == ["invalid_field"]
+    events = clean_events_in(infra, topics.clean)
+    readings = sorted(
+        (e.entity_id, m.metric, round(m.value, 6), m.unit)
+        for e in events
+        for m in e.sensor_reading.measurements
+    )
+    senml_device = "urn:dev:ow:10e2073a01080063"
+    assert [r[0] for r in readings] == sorted(
+        ["gw-1", "gw-1", "sensor-7", "sensor-7", "thermo-9", senml_device, senml_device]
+    )
+    by_entity = set(readings)
+    assert ("thermo-9", "temperature", 20.0, "degC") in by_entity
+    assert (senml_device, "temperature", 21.5, "degC") in by_entity
+    assert ("sensor-7", "env.co2", 415.0, "") in by_entity
+    assert ("gw-1", "env.co2", 401.0, "") in by_entity
+    # Each clean event names the raw record it came from: one per entity here.
+    sources: dict[str, set[tuple[str, int, int]]] = {}
+    for e in events:
+        sources.setdefault(e.entity_id, set()).add(
+            (e.source.topic, e.source.partition, e.source.offset)
+        )
+    assert len(sources) == 4
+    assert all(len(found) == 1 and next(iter(found))[0] == topics.raw for found in sources.values())
+
+
+def clean_events_in(infra: Infra, topic: str) -> list[Any]:
+    from confluent_kafka import Consumer
+
+    from shared.contracts.aistack.v1 import events_pb2
+
+    consumer = Consumer(
+        {
+            **infra.kafka.client_config(),
+            "group.id": f"clean-{time.time_ns()}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer.subscribe([topic])
+    found = []
+    deadline = time.monotonic() + 10
+    try:
+        while time.monotonic() < deadline:
+            for record in consumer.consume(100, timeout=0.5):
+                if not record.error():
+                    found.append(events_pb2.CleanEvent.FromString(record.value()))
     finally:
         consumer.close()
     return found

@@ -154,3 +154,19 @@ def test_a_failed_send_forgets_the_batch_ids_and_acks_nothing(
     writer.fail_flush = False
     outcomes = run(checkpoint, events("a"), decide_with(dedup))
     assert [o.kind for o in outcomes] == ["clean"]
+
+
+def test_every_clean_event_of_a_record_goes_out_in_its_partition_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checkpoint, writer, _ = make(monkeypatch, exactly_once=True)
+
+    def several(message: FakeMessage) -> Outcome:
+        extra = [(message.key, b"v2", []), (message.key, b"v3", [])]
+        return Outcome("clean", "clean", message.key, b"v1", [], event_id="x", more=extra)
+
+    outcomes = run(checkpoint, events("a", partition=2), several)
+
+    assert [o.kind for o in outcomes] == ["clean"]
+    (sent,) = writer.flushes
+    assert sent == [(2, "clean")] * 3

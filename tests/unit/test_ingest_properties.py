@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shared.bus import envelope
 from shared.contracts.aistack.v1 import common_pb2, events_pb2
 from svc_ingest.cleaner import Cleaner
 from svc_ingest.dedup import DedupWindow
@@ -22,6 +23,7 @@ CONTENT_TYPES = st.sampled_from(
         "",
         "application/json",
         "application/x-protobuf",
+        "application/senml+json",
         "text/plain",
         "text/plain; charset=utf-8",
         "image/png",
@@ -158,8 +160,63 @@ def _near(base: dict[str, Any]) -> st.SearchStrategy[bytes]:
     )
 
 
+senml_packs = st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "bn": st.sampled_from(["dev-1:", "urn:dev:ow:1/", "", "bad name"]) | field_values,
+            "bt": st.sampled_from([0, -5, 1_795_251_000, 2**28]) | field_values,
+            "bu": st.sampled_from(["Cel", "%RH", "A"]) | field_values,
+            "bv": field_values,
+            "n": st.sampled_from(["temperature", "humidity", "x", "a:b"]) | field_values,
+            "u": st.sampled_from(["Cel", "V", ""]) | field_values,
+            "v": st.floats(allow_nan=False) | field_values,
+            "vs": field_values,
+            "vb": st.booleans() | field_values,
+            "t": st.sampled_from([0, -1, 1_795_251_000.5, 10**20]) | field_values,
+            "s": field_values,
+            "x_": field_values,
+        },
+    ),
+    max_size=4,
+).map(_json_bytes)
+line_protocol = st.lists(
+    st.builds(
+        lambda m, tags, fields, ts: f"{m}{tags} {fields}{ts}",
+        st.sampled_from(["cpu", "my\\ m", "", "a,b"]),
+        st.sampled_from(["", ",host=h1", ",device_id=d\\ 1,x=y", ",host=", ",a=1,a=2"]),
+        st.sampled_from(
+            ["v=1", 'v=1i,s="x y"', "b=t", 'v="open', "v=", "v=1,v=2", "=1", "v=1e999"]
+        ),
+        st.sampled_from(["", " 1795251000000000000", " 17", " x", " -1"]),
+    )
+    | st.text(max_size=30),
+    min_size=1,
+    max_size=3,
+).map(lambda lines: "\n".join(lines).encode())
+telegraf_docs = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": st.sampled_from(["cpu", "", "a/b"]) | field_values,
+        "tags": st.dictionaries(st.sampled_from(["host", "device", "x"]), field_values, max_size=2),
+        "fields": st.dictionaries(st.sampled_from(["v", "w", "host"]), field_values, max_size=3),
+        "timestamp": st.sampled_from([1_795_251_000, 1_795_251_000_000]) | field_values,
+    },
+)
+telegraf_values = (
+    telegraf_docs | st.lists(telegraf_docs, max_size=3).map(lambda m: {"metrics": m})
+).map(_json_bytes)
+flat_docs = st.fixed_dictionaries(
+    {"device_id": st.just("d-1"), "timestamp": st.just(1_795_251_000)},
+    optional={"metric": field_values, "value": field_values, "unit": field_values},
+).map(_json_bytes)
+
 raw_values = (
     st.none()
+    | senml_packs
+    | line_protocol
+    | telegraf_values
+    | flat_docs
     | _near(VALID_SENSOR)
     | _near(VALID_WEB)
     | st.binary(max_size=200)
@@ -178,14 +235,19 @@ def test_the_cleaner_accepts_or_rejects_with_a_known_reason(
 ) -> None:
     cleaner = Cleaner(CleaningRules())
     try:
-        event = cleaner.clean(value, key, content_type, NOW_US)
+        events = cleaner.clean_all(value, key, content_type, NOW_US)
     except RecordRejected as rejected:
         assert rejected.reason in REASONS
         assert rejected.message
         return
-    assert event.event_id and event.entity_id
-    assert event.WhichOneof("body") in ("sensor_reading", "web_request")
-    event.SerializeToString()  # every accepted event can be published
+    assert events
+    assert len({event.event_id for event in events}) == len(events)
+    for event in events:
+        assert event.event_id and event.entity_id
+        assert event.WhichOneof("body") in ("sensor_reading", "web_request")
+        for measurement in event.sensor_reading.measurements:
+            assert measurement.value == measurement.value  # never NaN
+        event.SerializeToString()  # every accepted event can be published
 
 
 @settings(max_examples=500, deadline=None)
@@ -215,8 +277,11 @@ def test_every_record_has_exactly_one_outcome(
         if outcome.kind == "clean":
             # Every clean event names the raw record it came from.
             assert outcome.value is not None
-            source = events_pb2.CleanEvent.FromString(outcome.value).source
-            assert (source.topic, source.partition, source.offset) == ("raw", 0, offset)
+            for value in [outcome.value, *(extra[1] for extra in outcome.more)]:
+                source = events_pb2.CleanEvent.FromString(value).source
+                assert (source.topic, source.partition, source.offset) == ("raw", 0, offset)
+        else:
+            assert not outcome.more
     if repeat:
         # The second copy of an accepted record is a duplicate, never clean again.
         half = len(values)
@@ -267,3 +332,35 @@ def test_near_valid_documents_are_accepted_or_rejected_cleanly(
     assert event.event_time.seconds >= 0
     for measurement in event.sensor_reading.measurements:
         assert measurement.value == measurement.value  # never NaN
+
+
+def test_a_record_of_several_readings_publishes_each_once() -> None:
+    handler = RecordHandler(
+        Cleaner(CleaningRules()),
+        DedupWindow({}, 60_000),
+        source_topic="raw",
+        clean_topic="clean",
+        dlq_topic="dlq",
+    )
+    pack = json.dumps(
+        [
+            {"bn": "dev-1:", "bt": 1_795_251_000, "bu": "Cel", "n": "temperature", "v": 20},
+            {"n": "temperature", "t": 1, "v": 21},
+            {"n": "temperature", "t": 2, "v": 22},
+        ]
+    ).encode()
+    headers = [("content-type", b"application/senml+json")]
+    outcome = handler.handle(3, 7, b"dev-1", pack, headers, NOW_US)
+    assert outcome.kind == "clean" and outcome.value is not None and len(outcome.more) == 2
+    records = [(outcome.key, outcome.value, outcome.headers), *outcome.more]
+    events = [events_pb2.CleanEvent.FromString(value) for _, value, _ in records]
+    assert [e.sensor_reading.measurements[0].value for e in events] == [20, 21, 22]
+    assert {e.source.offset for e in events} == {7}
+    assert all(key == b"dev-1" for key, _, _ in records)
+    assert len({e.event_id for e in events}) == 3
+    # Each record's headers carry its own event's id.
+    assert [dict(h)[envelope.ID] for _, _, h in records] == [e.event_id.encode() for e in events]
+    assert outcome.event_id == events[0].event_id
+    # The producer's retry of the same pack, at another offset: nothing new.
+    again = handler.handle(3, 8, b"dev-1", pack, headers, NOW_US)
+    assert again.kind == "duplicate" and not again.more

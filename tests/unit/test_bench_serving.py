@@ -1,0 +1,73 @@
+"""bench.serving's pure parts: which configurations a ratio line starts and
+measures, and how each line is computed from the results."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import serving
+from bench.harness import ITSELF
+from bench.serving_servers import AISTACK_BATCHED, AISTACK_LOG_OFF, AISTACK_UNBATCHED, KSERVE
+
+
+def result(throughput: float, p99_ms: float = 10.0) -> serving.Result:
+    return serving.Result(throughput=throughput, p50_ms=1.0, p99_ms=p99_ms)
+
+
+def test_unbatched_vs_kserve_measures_only_its_two_configurations() -> None:
+    assert serving.configs_for(["unbatched_vs_kserve_c16"]) == [
+        (AISTACK_UNBATCHED, 16),
+        (KSERVE, 16),
+    ]
+
+
+def test_the_headline_and_the_like_for_like_line_share_kserve() -> None:
+    assert serving.configs_for(["aistack_vs_kserve_c16", "unbatched_vs_kserve_c16"]) == [
+        (AISTACK_BATCHED, 16),
+        (AISTACK_UNBATCHED, 16),
+        (KSERVE, 16),
+    ]
+
+
+def test_every_line_measures_in_the_usual_order_once() -> None:
+    configs = serving.configs_for(list(serving.RATIOS))
+    assert len(configs) == len(set(configs))
+    assert configs == [
+        (AISTACK_BATCHED, 1),
+        (serving.IN_PROCESS, 1),
+        (AISTACK_BATCHED, 16),
+        (AISTACK_LOG_OFF, 16),
+        (AISTACK_UNBATCHED, 16),
+        (KSERVE, 16),
+    ]
+
+
+def test_unbatched_vs_kserve_is_unbatched_throughput_over_kserves(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    best = {(AISTACK_UNBATCHED, 16): result(1200.0), (KSERVE, 16): result(1000.0)}
+    serving.print_figure("unbatched_vs_kserve_c16", best)
+    # Against a peer, so not labelled as aistack against itself.
+    assert capsys.readouterr().out == "unbatched_vs_kserve_c16: ratio 1.20 (goal 1.2)\n"
+
+
+def test_headline_stays_batched_over_kserve(capsys: pytest.CaptureFixture[str]) -> None:
+    best = {
+        (AISTACK_BATCHED, 16): result(1500.0),
+        (AISTACK_UNBATCHED, 16): result(900.0),
+        (KSERVE, 16): result(1000.0),
+    }
+    serving.print_figure("aistack_vs_kserve_c16", best)
+    serving.print_figure("unbatched_vs_kserve_c16", best)
+    assert capsys.readouterr().out.splitlines() == [
+        "aistack_vs_kserve_c16: ratio 1.50 (goal 1.5)",
+        "unbatched_vs_kserve_c16: ratio 0.90 (goal 1.2)",
+    ]
+
+
+def test_batched_vs_unbatched_is_labelled_as_against_itself(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    best = {(AISTACK_BATCHED, 16): result(1500.0), (AISTACK_UNBATCHED, 16): result(750.0)}
+    serving.print_figure("batched_vs_unbatched_c16", best)
+    assert capsys.readouterr().out == f"batched_vs_unbatched_c16: ratio 2.00 (goal 2.0) {ITSELF}\n"
