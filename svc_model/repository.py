@@ -63,11 +63,22 @@ def better(new: models_pb2.ModelReady, current: models_pb2.ModelReady, policy: P
     return supersedes(new, current)
 
 
+def serving(
+    events: Iterable[models_pb2.ModelReady], policy: Policy
+) -> models_pb2.ModelReady | None:
+    """The version the policy serves of these (None for none): the newest,
+    or the champion by shared.objective's rule over all of them (a re-tune's
+    version judged against a version that arrives after it is judged again)."""
+    if policy == "latest":
+        return max(events, key=lambda e: version_number(e.version), default=None)
+    return champion(events)
+
+
 def wanted(events: Iterable[models_pb2.ModelReady], policy: Policy, keep: int) -> list[int]:
     """Which versions of one model to load, from all its events: the champion
     the rule picks over them, and the ``keep`` newest."""
     ordered = sorted(events, key=lambda e: version_number(e.version))
-    best = ordered[-1] if policy == "latest" and ordered else champion(ordered)
+    best = serving(ordered, policy)
     if best is None:
         return []
     newest = [version_number(e.version) for e in ordered[-keep:]]
@@ -104,16 +115,9 @@ class Repository:
         model.failed.pop(served.version, None)
         model.loaded[served.version] = served
         previous = model.champion
-        if self.policy == "latest":
-            if previous is None or better(served.event, previous.event, self.policy):
-                model.champion = served
-        else:
-            # The whole rule over what is loaded, not this version against the
-            # champion alone: a re-tune's version judged against a version
-            # that loads after it must be judged again then.
-            top = champion(s.event for s in model.loaded.values())
-            assert top is not None  # served itself is loaded
-            model.champion = model.loaded[version_number(top.version)]
+        top = serving((s.event for s in model.loaded.values()), self.policy)
+        assert top is not None  # served itself is loaded
+        model.champion = model.loaded[version_number(top.version)]
         promoted = model.champion is not previous
         keep = set(sorted(model.loaded)[-self.keep :])
         if model.champion is not None:

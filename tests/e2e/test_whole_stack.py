@@ -81,6 +81,20 @@ def eventually(what: str, probe: Callable[[], T | None], timeout: float, stack: 
         time.sleep(1.0)
 
 
+def offline_rows(stack: ServiceStack, entity: str, columns: list[str] | None = None) -> Any:
+    """The entity's rows in the stack's offline store (a pyarrow Table), or
+    None while the store has no files yet."""
+    import pyarrow.dataset as ds
+
+    root = stack.settings.infra.common.state_dir / "features" / "windows"
+    if not root.is_dir():
+        return None
+    store = ds.dataset(root, format="parquet", partitioning="hive")
+    if "entity_id" not in store.schema.names:
+        return None  # the directory is there, its first files are not yet
+    return store.to_table(filter=ds.field("entity_id") == entity, columns=columns)
+
+
 def find(kafka: KafkaSettings, topic: str, cls: Any, match: Callable[[Any], bool]) -> Any:
     """The first record of ``topic`` whose message matches, read from the start."""
     tail = BusTail(kafka, topics=[topic], message_cls=cls, from_beginning=True)
@@ -187,19 +201,12 @@ def test_a_prediction_by_entity_is_traced_to_the_raw_offset_under_it(
     )
     assert window.count == 1 and list(window.sources), window
 
-    import pyarrow.dataset as ds
-
-    offline_root = stack.settings.infra.common.state_dir / "features" / "windows"
-
     def stored() -> int | None:
         # The offline store is written beside Kafka, not before it: the study
         # must find the traced window there.
-        if not offline_root.is_dir():
+        rows = offline_rows(stack, traced, ["window_start"])
+        if rows is None:
             return None
-        store = ds.dataset(offline_root, format="parquet", partitioning="hive")
-        if "entity_id" not in store.schema.names:
-            return None
-        rows = store.to_table(filter=ds.field("entity_id") == traced, columns=["window_start"])
         starts = {value.replace(tzinfo=UTC) for value in rows.column(0).to_pylist()}
         return len(starts) if last_start in starts else None
 
@@ -326,20 +333,11 @@ def test_a_raw_event_becomes_features_and_a_study_becomes_a_served_model(
         redis.close()
     assert decode_window(online).mean == pytest.approx(21.5)
 
-    import pyarrow.dataset as ds
+    def entity_rows() -> int | None:
+        table = offline_rows(stack, entity)
+        return None if table is None else table.num_rows or None
 
-    offline_root = stack.settings.infra.common.state_dir / "features" / "windows"
-
-    def offline_rows() -> int | None:
-        if not offline_root.is_dir():
-            return None
-        store = ds.dataset(offline_root, format="parquet", partitioning="hive")
-        if "entity_id" not in store.schema.names:
-            return None  # the directory is there, its first files are not yet
-        table = store.to_table(filter=ds.field("entity_id") == entity)
-        return table.num_rows or None
-
-    assert eventually("the offline store", offline_rows, 60, stack) >= 1
+    assert eventually("the offline store", entity_rows, 60, stack) >= 1
 
     # A small study through the trainers; its best model, served.
     spec = load_spec(STUDY.format(run=uuid.uuid4().hex[:6]))
