@@ -1,126 +1,96 @@
-"""svc_ingest's cleaning worker against a bare aiokafka consume → produce passthrough.
+"""svc_ingest's cleaning worker against three peers: a bare aiokafka
+passthrough, a stock Faust agent and a Quix Streams application.
 
-Both read the same pre-filled topic of ~200-byte JSON sensor events on the
-same broker, each in its own process, alternating which goes first. The
-worker runs as deployed (``python -m svc_ingest``: exactly_once, dedup table
-on RocksDB); its rate is read off its own records-in counter. Prints:
+One topic is pre-filled with ~200-byte JSON sensor events
+(``bench.services.fill``). In each round the worker and every peer read all
+of it from the earliest offset, each in a process of its own, in an order
+that alternates per round (``bench.harness.round_order``), each writing to
+clean and dead-letter topics of its own. What is the same for all of them:
 
-    cleaner_vs_passthrough: ratio R (goal 0.5)
-    cleaner_vs_20k_per_s: ratio R (goal 1.0)
+* the settings: ``AISTACK_INGEST_*`` as ``bench.services.run_worker`` sets
+  them, read through ``IngestSettings``; the processing guarantee
+  (``--guarantee``, default svc_ingest's deployed one) and the commit
+  interval (svc_ingest's ``commit_interval_seconds`` default, 1.0 s);
+* the event loop: uvloop, except Quix Streams, which has none;
+* the producer and fetch settings: lz4, 5 ms linger, 512 KiB batches,
+  4 MiB fetches;
+* the work, except the passthrough's: ``Cleaner.clean_all`` on each record,
+  its clean events (or dead letter) serialized and published as svc_ingest
+  does (``bench.ingest_peers.RecordOutputs``);
+* the measure: records per second from the first record seen to the
+  ``count``-th.
 
+The worker runs as deployed (``python -m svc_ingest``: batches of up to
+5,000 records, batch builders, dedup table on RocksDB); its rate is read off
+its records-in counter. What each peer does, and what it does not (none
+keeps a dedup table), is ``bench.ingest_peers``' docstring. Prints:
+
+    guarantee: exactly_once, commit interval 1.0 s
+    cleaner_vs_passthrough: ratio R (goal 0.6)
+    cleaner_vs_stock_faust: ratio R (goal 3.0)
+    cleaner_vs_quixstreams: ratio R (goal 1.5)
+    cleaner_vs_20k_per_s: ratio R (goal 1.0) [aistack against itself]
+
+Each ratio is the median over rounds of the worker's rate over the peer's.
 Needs a broker: ``aistack infra up`` (or AISTACK_KAFKA_BOOTSTRAP).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
-import subprocess
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
-from bench.harness import ROOT, kafka_settings, print_ratio, python_module, round_order
+from bench.harness import kafka_settings, print_ratio, round_order
+from bench.ingest_peers import PEERS, peer_env, run_peer
 from bench.services import fill, run_worker
-from shared.bus.topics import TopicSpec, ensure_topics
-from shared.settings import KafkaSettings
+from svc_ingest.settings import IngestSettings
 
-GOAL_RATIO = 0.5
+CLEANER = "cleaner"
+GOALS = {"passthrough": 0.6, "stock_faust": 3.0, "quixstreams": 1.5}
 GOAL_RATE = 20_000.0
 
 
-async def passthrough(kafka: KafkaSettings, source: str, target: str, count: int) -> float:
-    """Bare aiokafka: read, forward each record unchanged, commit per batch."""
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
-    config = kafka.aiokafka_config()
-    consumer = AIOKafkaConsumer(
-        source,
-        group_id=f"bench-passthrough-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=4 * 1024 * 1024,
-        **config,
-    )
-    producer = AIOKafkaProducer(
-        compression_type="lz4", linger_ms=5, max_batch_size=512 * 1024, acks="all", **config
-    )
-    await consumer.start()
-    await producer.start()
-    seen = 0
-    started = 0.0
-    try:
-        while seen < count:
-            batch = await consumer.getmany(timeout_ms=1000, max_records=2000)
-            if batch and not started:
-                started = time.perf_counter()
-            pending = []
-            for records in batch.values():
-                for record in records:
-                    pending.append(
-                        await producer.send(
-                            target, record.value, key=record.key, headers=list(record.headers)
-                        )
-                    )
-                seen += len(records)
-            if pending:
-                await asyncio.gather(*pending)
-                await consumer.commit()
-        return seen / (time.perf_counter() - started)
-    finally:
-        await consumer.stop()
-        await producer.stop()
-
-
-def run_passthrough(source: str, count: int) -> float:
-    """The passthrough in a process of its own, as the worker runs in its own."""
-    out = subprocess.run(
-        python_module("bench.ingest_throughput", "--passthrough", source, "--count", str(count)),
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    return float(out.stdout.strip().splitlines()[-1])
+def default_guarantee() -> str:
+    return str(IngestSettings.model_fields["processing_guarantee"].default)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--passthrough", metavar="TOPIC", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--guarantee", choices=("exactly_once", "at_least_once"), default=default_guarantee()
+    )
     args = parser.parse_args()
     kafka = kafka_settings()
-    if args.passthrough:
-        target = f"bench.passthrough.{uuid.uuid4().hex[:8]}"
-        ensure_topics(kafka, [TopicSpec(target, None)])
-        print(asyncio.run(passthrough(kafka, args.passthrough, target, args.count)))
-        return 0
+    interval = IngestSettings.model_fields["commit_interval_seconds"].default
+    print(f"guarantee: {args.guarantee}, commit interval {interval} s")
 
     source = f"bench.raw.{uuid.uuid4().hex[:8]}"
     size = fill(kafka, source, args.count)
     print(f"{args.count} JSON sensor events of {size} bytes in {source}")
-    ratios, cleaner_rates, bare_rates = [], [], []
+    rates: dict[str, list[float]] = {who: [] for who in (CLEANER, *PEERS)}
     with tempfile.TemporaryDirectory(prefix="aistack-bench-") as state:
         for round_ in range(args.rounds):
-            rates: dict[str, float] = {}
-            for who in round_order(("passthrough", "cleaner"), round_):
-                if who == "passthrough":
-                    rates[who] = run_passthrough(source, args.count)
+            for who in round_order((CLEANER, *PEERS), round_):
+                if who == CLEANER:
+                    rate = run_worker(kafka, source, args.count, Path(state), args.guarantee)
                 else:
-                    rates[who] = run_worker(kafka, source, args.count, Path(state))
-            cleaner, bare = rates["cleaner"], rates["passthrough"]
-            print(f"round {round_ + 1}: cleaner {cleaner:,.0f}/s, passthrough {bare:,.0f}/s")
-            ratios.append(cleaner / bare)
-            cleaner_rates.append(cleaner)
-            bare_rates.append(bare)
-    print(f"cleaner (median): {statistics.median(cleaner_rates):,.0f} events/s")
-    print(f"passthrough (median): {statistics.median(bare_rates):,.0f} events/s")
-    print_ratio("cleaner_vs_passthrough", statistics.median(ratios), GOAL_RATIO)
-    print_ratio("cleaner_vs_20k_per_s", statistics.median(cleaner_rates) / GOAL_RATE, 1.0)
+                    env = peer_env(kafka, source, args.guarantee, uuid.uuid4().hex[:8])
+                    rate = run_peer(who, env, args.count)
+                rates[who].append(rate)
+            line = ", ".join(f"{who} {found[-1]:,.0f}/s" for who, found in rates.items())
+            print(f"round {round_ + 1}: {line}", flush=True)
+    for who, found in rates.items():
+        print(f"{who} (median): {statistics.median(found):,.0f} events/s")
+    cleaner = rates[CLEANER]
+    for peer in PEERS:
+        ratios = [mine / theirs for mine, theirs in zip(cleaner, rates[peer], strict=True)]
+        print_ratio(f"cleaner_vs_{peer}", statistics.median(ratios), GOALS[peer])
+    print_ratio("cleaner_vs_20k_per_s", statistics.median(cleaner) / GOAL_RATE, 1.0, itself=True)
     return 0
 
 

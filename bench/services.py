@@ -72,8 +72,11 @@ def fill(kafka: KafkaSettings, topic: str, count: int) -> int:
     return size // count
 
 
-def run_worker(kafka: KafkaSettings, source: str, count: int, state: Path) -> float:
-    """Start a worker on ``source``; its rate from first to last record, by its counter."""
+def run_worker(
+    kafka: KafkaSettings, source: str, count: int, state: Path, guarantee: str | None = None
+) -> float:
+    """Start a worker on ``source`` (under ``guarantee``, else its default);
+    its rate from first to last record, by its counter."""
     suffix = uuid.uuid4().hex[:8]
     port = free_port()
     env = child_env(
@@ -86,6 +89,7 @@ def run_worker(kafka: KafkaSettings, source: str, count: int, state: Path) -> fl
             "AISTACK_INGEST_DLQ_TOPIC": f"bench.dlq.{suffix}",
             "AISTACK_INGEST_METRICS_PORT": str(port),
             "AISTACK_INGEST_MAX_FUTURE_SKEW_SECONDS": "86400",
+            **({"AISTACK_INGEST_PROCESSING_GUARANTEE": guarantee} if guarantee else {}),
         },
         kafka=kafka,
     )

@@ -29,6 +29,11 @@ def add_parser(commands: Any) -> None:
     )
     source.add_argument("--entity", help="predict from this entity's latest features instead")
     predict.add_argument("--feature", help="the online-store field with --entity")
+    predict.add_argument(
+        "--open",
+        action="store_true",
+        help="with --entity: the open window's running aggregate, not the last closed window",
+    )
     predict.add_argument("--version", default="", help="a model version (default: the champion)")
     predict.add_argument("--url", default="localhost:8001", help="svc_model's gRPC address")
     predict.add_argument("--token", help="bearer token, when the server asks for one")
@@ -107,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
             parameters["entity_id"] = args.entity
             if args.feature:
                 parameters["feature"] = args.feature
+            if args.open:
+                parameters["window"] = "open"
         else:
             if len(metadata["inputs"]) != 1:
                 raise FailedPrecondition(

@@ -7,7 +7,11 @@ the value is the entity's latest closed window as aistack.v1.FeatureWindow
 bytes, the same bytes as its record on aistack.features.windows
 (``decode_window`` reads them). Beside each field the writer keeps
 ``<field>:end``, the window's end in epoch milliseconds, so that only a newer
-window replaces it.
+window replaces it. ``open_field(field)`` holds the running aggregate of the
+open window that counts the entity's latest reading (``FeatureWindow.open``
+set), rewritten every micro-batch: the most complete such window of the
+kind, replaced by a later one or by the same one counting more (beside it
+``<open field>:end`` and ``<open field>:count``).
 
 Offline store (Parquet): every window svc_transform closed, Hive-partitioned
 by ``PARTITIONS`` (``date=/metric=/window=/batch=``), the other columns
@@ -121,6 +125,15 @@ def online_field(metric: str, window: str, path: str = "") -> str:
     ``http.latency_ms|path=/api/orders@tumbling-60s``. ``window`` is the window
     kind's name, as in the offline store's ``window=`` partition."""
     return f"{metric}|path={path}@{window}" if path else f"{metric}@{window}"
+
+
+#: What ``open_field`` appends to a closed window's field.
+OPEN_SUFFIX = ":open"
+
+
+def open_field(field: str) -> str:
+    """The field of ``field``'s open window: ``temperature@tumbling-60s:open``."""
+    return field + OPEN_SUFFIX
 
 
 def partition_path(*, date: str, metric: str, window: str, batch: int) -> str:

@@ -12,7 +12,11 @@ Request parameters (Open Inference Protocol ``parameters``, strings):
 
 - ``entity_id`` — whose features;
 - ``feature`` — the online-store field, e.g. ``temperature@tumbling-60s``
-  (defaults to the model's ``feature`` label when svc_trainer set one).
+  (defaults to the model's ``feature`` label when svc_trainer set one);
+- ``window`` — ``closed`` (the default: the latest closed window, what the
+  model was trained on) or ``open``: the running aggregate of the window that
+  counts the entity's latest reading (``shared.feature_store.open_field``),
+  for a model that should see the last second's data.
 """
 
 from __future__ import annotations
@@ -25,11 +29,28 @@ from numpy.typing import NDArray
 
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
 from shared.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from shared.feature_store import FEATURE_STATS, decode_window, online_key, window_stats
+from shared.feature_store import (
+    FEATURE_STATS,
+    decode_window,
+    online_key,
+    open_field,
+    window_stats,
+)
 
 ENTITY_PARAMETER = "entity_id"
 FEATURE_PARAMETER = "feature"
 FEATURE_LABEL = "feature"
+WINDOW_PARAMETER = "window"
+WINDOWS = ("closed", "open")
+
+
+def window_field(field: str, window: str) -> str:
+    """The online-store field to read for ``field`` and the ``window`` parameter."""
+    if window not in WINDOWS:
+        raise InvalidArgument(
+            f"parameter {WINDOW_PARAMETER!r} is {window!r}: one of {', '.join(WINDOWS)}"
+        )
+    return open_field(field) if window == "open" and field else field
 
 
 def feature_row(window: FeatureWindow, width: int, field: str) -> NDArray[np.float32]:

@@ -307,6 +307,8 @@ class InferenceCore:
             if entity.FEATURE_PARAMETER in request.parameters
             else served.event.labels.get(entity.FEATURE_LABEL, "")
         )
+        if entity.WINDOW_PARAMETER in request.parameters:
+            field = entity.window_field(field, _string_parameter(request, entity.WINDOW_PARAMETER))
         if len(runner.inputs) != 1 or len(runner.inputs[0].shape) != 2:
             raise FailedPrecondition(
                 f"model {served.name!r} does not take one row of features: it cannot be "

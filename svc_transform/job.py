@@ -2,9 +2,13 @@
 
 One query reads the clean topic, aggregates every window kind (tumbling, and
 sliding when configured), and hands each batch of closed windows to a
-``WindowSink``; one more, stateless and on a slower trigger, dead-letters what
-does not decode. Each has its own checkpoint under the checkpoint directory,
-so a killed job resumes both where they stopped.
+``WindowSink``. A second (``open_windows``), in update output mode on a fast
+trigger, keeps each open window's running aggregate in the online store
+(``OpenWindowSink``): a closed window leaves Spark only once the watermark
+passes it, and a model fed by entity should see the last second's readings.
+One more, stateless and on a slower trigger, dead-letters what does not
+decode. Each has its own checkpoint under the checkpoint directory, so a
+killed job resumes each where it stopped.
 """
 
 from __future__ import annotations
@@ -20,8 +24,21 @@ from shared.bus.deadletter import ERROR_HEADER, SOURCE_HEADER
 from shared.log import get_logger
 from svc_transform.functions import CLEAN_EVENT_ERROR, ENCODE_DEAD_LETTER
 from svc_transform.metrics import TransformMetrics
-from svc_transform.sinks import SERVICE, WindowSink, envelope_headers, kafka_options
-from svc_transform.windows import aggregate, decode, observations, window_specs
+from svc_transform.sinks import (
+    SERVICE,
+    OpenWindowSink,
+    WindowSink,
+    envelope_headers,
+    kafka_options,
+)
+from svc_transform.windows import (
+    WindowSpec,
+    aggregate,
+    decode,
+    observations,
+    running_windows,
+    window_specs,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -33,6 +50,7 @@ log = get_logger("svc_transform")
 
 DEAD_LETTERS_QUERY = "dead-letters"
 WINDOWS_QUERY = "windows"
+OPEN_WINDOWS_QUERY = "open-windows"
 UNDECODABLE = "undecodable"
 
 
@@ -100,10 +118,17 @@ class Job:
 
     def stop(self, timeout_seconds: float = 60.0) -> None:
         """Stop each query when no trigger is active: stopping mid-batch makes the
-        state store log errors and leaves work to redo."""
+        state store log errors and leaves work to redo. The open-window query
+        stops at once, first: under load its batches run back to back, so it
+        is never between two, and a batch it redoes only rewrites Redis with
+        the same values."""
         deadline = time.monotonic() + timeout_seconds
-        for query in self.queries:
-            while query.isActive and query.status["isTriggerActive"]:
+        for query in sorted(self.queries, key=lambda q: q.name != OPEN_WINDOWS_QUERY):
+            while (
+                query.name != OPEN_WINDOWS_QUERY
+                and query.isActive
+                and query.status["isTriggerActive"]
+            ):
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
@@ -150,6 +175,8 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
         .trigger(processingTime=trigger)
     )
     job.queries.append(windows.start())
+    if settings.open_windows != "none":
+        job.queries.append(start_open_windows(spark, settings, metrics, checkpoint))
     log.info(
         "transform.started",
         queries=[q.name for q in job.queries],
@@ -157,6 +184,52 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
         checkpoint=checkpoint,
     )
     return job
+
+
+def open_window_specs(settings: TransformSettings) -> list[WindowSpec]:
+    """The window kinds whose open windows go to the online store."""
+    specs = window_specs(settings)
+    return specs if settings.open_windows == "all" else specs[:1]
+
+
+def start_open_windows(
+    spark: SparkSession, settings: TransformSettings, metrics: TransformMetrics, checkpoint: str
+) -> StreamingQuery:
+    """The open windows' running aggregates into the online store, every micro-batch.
+
+    Latency-bound, so it runs with one shuffle partition (its state is a few
+    rows per entity: one task beats two on scheduling and state commits) and
+    in a fair-scheduler pool of its own, so its small jobs take turns with
+    the closed-window query's instead of queueing behind them. A query keeps
+    the session settings it started with (its own clone; the partitions are
+    in its checkpoint too), and its thread the local properties."""
+    partitions = spark.conf.get("spark.sql.shuffle.partitions") or str(settings.spark.partitions())
+    spark.conf.set("spark.sql.shuffle.partitions", "1")
+    context = spark.sparkContext
+    context.setLocalProperty("spark.scheduler.pool", OPEN_WINDOWS_QUERY)
+    sink = OpenWindowSink(
+        redis=settings.redis,
+        online_key_prefix=settings.online_key_prefix,
+        online_ttl_seconds=settings.online_ttl_seconds,
+        on_written=metrics.windows_out.labels(OPEN_WINDOWS_QUERY).inc,
+    )
+    try:
+        return (
+            running_windows(
+                observations(decode(read_clean_events(spark, settings, headers=False))),
+                open_window_specs(settings),
+                settings.watermark_seconds,
+            )
+            .writeStream.queryName(OPEN_WINDOWS_QUERY)
+            .outputMode("update")
+            .foreachBatch(sink)
+            .option("checkpointLocation", f"{checkpoint}/{OPEN_WINDOWS_QUERY}")
+            .trigger(processingTime=f"{settings.open_window_trigger_seconds} seconds")
+            .start()
+        )
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", partitions)
+        context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
 
 
 class ProgressListener(StreamingQueryListener):

@@ -44,6 +44,16 @@ class TransformSettings(ServiceSettings):
     # Online store: latest closed window per entity and metric.
     online_key_prefix: str = ONLINE_KEY_PREFIX
     online_ttl_seconds: int = Field(default=86_400, ge=1)
+    # The open windows' running aggregates in the online store, from a query
+    # of their own (update output mode) on this trigger: 0 starts a batch as
+    # soon as the last ends (idle, the query asks Kafka for new offsets every
+    # 10 ms); an interval aligns each start to its next multiple, which adds
+    # half an interval of staleness on average. "tumbling": the tumbling
+    # kind's; "all" adds the sliding kind's (each event then updates every
+    # sliding window that holds it, which on 2 cores costs a third of a
+    # second of freshness); "none": closed windows only.
+    open_windows: Literal["tumbling", "all", "none"] = "tumbling"
+    open_window_trigger_seconds: float = Field(default=0.0, ge=0)
     metrics_port: int = Field(default=9103, ge=0, le=65535)
 
     @model_validator(mode="after")

@@ -1,4 +1,5 @@
-"""Where closed windows go: the features topic, the Parquet offline store, Redis.
+"""Where windows go: closed ones to the features topic, the Parquet offline
+store and Redis; open ones' running aggregates to Redis (``OpenWindowSink``).
 
 Each micro-batch of a window query goes to all three (``WindowSink``). A batch
 Spark runs again after a restart has the same id and the same rows, so:
@@ -8,6 +9,10 @@ Spark runs again after a restart has the same id and the same rows, so:
 * Redis: a window only replaces an older one (compared by window end).
 * Kafka: at least once; the record key is the entity and ``ce_id`` the
   window key, by which consumers drop repeats.
+
+An open window's running aggregate replaces the stored one only when it
+ends later or is the same window counting at least as many events, so a
+replayed batch changes nothing and a late batch never turns the store back.
 
 Both stores' layouts are ``shared.feature_store``'s; a Redis value is the
 same FeatureWindow bytes as the window's Kafka record.
@@ -23,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 
 from shared.bus import envelope
-from shared.feature_store import OFFLINE_COLUMNS, PARTITION_COLUMNS, online_field, online_key
+from shared.feature_store import (
+    OFFLINE_COLUMNS,
+    PARTITION_COLUMNS,
+    online_field,
+    online_key,
+    open_field,
+)
 from shared.log import get_logger
 from shared.redis_client import make_redis
 from shared.settings import KafkaSettings, RedisSettings
@@ -43,6 +54,20 @@ if (not stored) or tonumber(stored) < tonumber(ARGV[2]) then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[3], ARGV[1] .. ':end', ARGV[2])
 end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
+"""
+
+
+# An open window replaces the stored one when it ends later (that one has
+# closed) or is the same window counting as many events or more.
+_SET_IF_FRESHER = """
+local stored_end = tonumber(redis.call('HGET', KEYS[1], ARGV[1] .. ':end') or '-1')
+local stored_count = tonumber(redis.call('HGET', KEYS[1], ARGV[1] .. ':count') or '-1')
+local ends, count = tonumber(ARGV[2]), tonumber(ARGV[3])
+if stored_end < ends or (stored_end == ends and stored_count <= count) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[4], ARGV[1] .. ':end', ARGV[2],
+             ARGV[1] .. ':count', ARGV[3])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[5])
 """
 
 
@@ -170,6 +195,85 @@ class WindowSink:
             F.unix_millis("window_end").alias("end_ms"),
             feature_window_bytes().alias("value"),
         ).foreachPartition(write)
+
+
+class OpenWindowSink:
+    """``foreachBatch`` target of the open-window query (update output mode):
+    per entity and field, the running aggregate of the most complete open
+    window that counts the entity's latest reading, into the online store's
+    open field."""
+
+    def __init__(
+        self,
+        *,
+        redis: RedisSettings,
+        online_key_prefix: str,
+        online_ttl_seconds: int,
+        on_written: Callable[[int], None] = lambda count: None,
+    ) -> None:
+        self._redis = redis
+        self._prefix = online_key_prefix
+        self._ttl = online_ttl_seconds
+        self._on_written = on_written
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        # A few rows per entity: the driver writes them, with no Python
+        # workers to start and no shuffle on the way to the store.
+        rows = batch.select(
+            "entity_id",
+            "metric",
+            "path",
+            "window",
+            F.unix_millis("window_end").alias("end_ms"),
+            F.unix_micros("last_event_time").alias("last_us"),
+            # Not "count": a Row is a tuple, whose count is a method.
+            F.col("count").alias("n"),
+            feature_window_bytes(open_window=True).alias("value"),
+        ).collect()
+        self._on_written(_write_open(rows, self._redis, self._prefix, self._ttl))
+
+
+def freshest_open_windows(rows: Iterable[Any]) -> list[Any]:
+    """Per (entity, metric, path, window kind), of the windows a micro-batch
+    updated, the one to serve: among those that hold the group's latest
+    reading (end after it), the earliest-ending, which has counted the most.
+    A late reading's window that no longer holds the latest reading is left
+    for the closed-window query."""
+    groups: dict[tuple[str, str, str, str], list[Any]] = {}
+    for row in rows:
+        groups.setdefault((row.entity_id, row.metric, row.path, row.window), []).append(row)
+    chosen = []
+    for windows in groups.values():
+        latest_us = max(w.last_us for w in windows)
+        holding = [w for w in windows if w.end_ms * 1000 > latest_us]
+        chosen.append(min(holding or windows, key=lambda w: w.end_ms))
+    return chosen
+
+
+def _write_open(rows: Iterable[Any], settings: RedisSettings, prefix: str, ttl: int) -> int:
+    chosen = freshest_open_windows(rows)
+    if not chosen:
+        return 0
+    client = make_redis(settings)
+    try:
+        set_if_fresher = client.register_script(_SET_IF_FRESHER)
+        pipe = client.pipeline(transaction=False)
+        for row in chosen:
+            set_if_fresher(
+                keys=[online_key(prefix, row.entity_id)],
+                args=[
+                    open_field(online_field(row.metric, row.window, row.path)),
+                    row.end_ms,
+                    row.n,
+                    bytes(row.value),
+                    ttl,
+                ],
+                client=pipe,
+            )
+        pipe.execute()
+    finally:
+        client.close()
+    return len(chosen)
 
 
 def _timed(write: Callable[[], None]) -> float:

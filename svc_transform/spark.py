@@ -26,6 +26,9 @@ def session(
     the local cache (no network at start-up)."""
     from svc_transform import functions
 
+    # Fair scheduling: the open-window query's small jobs take turns with the
+    # closed-window query's (svc_transform.job.start_open_windows).
+    spark = spark.model_copy(update={"conf": {"spark.scheduler.mode": "FAIR", **spark.conf}})
     started = spark_session.session(
         spark, app_name, work_dir=work_dir, jars=jars.session_jars(Path(cache_dir))
     )

@@ -128,20 +128,7 @@ def aggregate(observed: DataFrame, specs: list[WindowSpec], watermark_seconds: i
         F.timestamp_micros(pane_start + pane.size_seconds * 1_000_000).alias("end"),
     )
     panes = watermarked.select("*", _event_time_window(pane_window, watermark_seconds))
-    panes = panes.groupBy("window", *DIMENSIONS).agg(
-        F.count(F.lit(1)).alias("n"),
-        F.avg("value").alias("mean"),
-        # Sum of squared deviations from the mean (Welford's, inside Spark).
-        (F.coalesce(F.var_samp("value"), F.lit(0.0)) * (F.count(F.lit(1)) - 1)).alias("m2"),
-        F.min("value").alias("min"),
-        F.max("value").alias("max"),
-        F.max_by("value", "event_time").alias("last"),
-        F.max("event_time").alias("last_event_time"),
-        F.expr(f"{SKETCH_VALUES}(value)").alias("sketch"),
-        F.sum("is_error").alias("errors"),
-        F.count("is_error").alias("error_n"),
-        F.expr(f"{RECORD_OFFSET_RANGES}({', '.join(_POSITION)})").alias("sources"),
-    )
+    panes = panes.groupBy("window", *DIMENSIONS).agg(*_event_statistics())
     if specs == [pane]:
         return _finish(
             panes.select(
@@ -179,6 +166,45 @@ def aggregate(observed: DataFrame, specs: list[WindowSpec], watermark_seconds: i
             F.greatest(F.col("squares") - F.col("n") * mean * mean, F.lit(0.0)).alias("m2"),
         )
     )
+
+
+def running_windows(
+    observed: DataFrame, specs: list[WindowSpec], watermark_seconds: int
+) -> DataFrame:
+    """Every spec's window aggregates as they stand, ``aggregate``'s columns:
+    in Spark's update output mode each micro-batch emits the windows its
+    events changed, open ones included (the online store's running windows).
+
+    One stateful aggregation straight from the events, with no panes: update
+    mode runs a single stateful operator, and an event goes to each window
+    that holds it (six with the default specs), cheap at a second's events.
+    The statistics are ``aggregate``'s, so a window that closes reads the
+    same in both."""
+    watermarked = observed.withWatermark("event_time", f"{watermark_seconds} seconds")
+    return _finish(
+        _group_into_windows(watermarked, "event_time", specs, watermark_seconds).agg(
+            *_event_statistics()
+        )
+    )
+
+
+def _event_statistics() -> list[Column]:
+    """Mergeable statistics of a group of observations (a pane or a window)."""
+    n = F.count(F.lit(1))
+    return [
+        n.alias("n"),
+        F.avg("value").alias("mean"),
+        # Sum of squared deviations from the mean (Welford's, inside Spark).
+        (F.coalesce(F.var_samp("value"), F.lit(0.0)) * (n - 1)).alias("m2"),
+        F.min("value").alias("min"),
+        F.max("value").alias("max"),
+        F.max_by("value", "event_time").alias("last"),
+        F.max("event_time").alias("last_event_time"),
+        F.expr(f"{SKETCH_VALUES}(value)").alias("sketch"),
+        F.sum("is_error").alias("errors"),
+        F.count("is_error").alias("error_n"),
+        F.expr(f"{RECORD_OFFSET_RANGES}({', '.join(_POSITION)})").alias("sources"),
+    ]
 
 
 def _group_into_windows(
@@ -296,8 +322,9 @@ def _window_key() -> Column:
     )
 
 
-def feature_window_bytes() -> Column:
-    """An aggregate row (``aggregate``'s columns) as aistack.v1.FeatureWindow bytes."""
+def feature_window_bytes(*, open_window: bool = False) -> Column:
+    """An aggregate row (``aggregate``'s columns) as aistack.v1.FeatureWindow
+    bytes; ``open_window`` marks a running aggregate (``FeatureWindow.open``)."""
     dimensions = F.when(F.col("path") != "", F.create_map(F.lit("path"), F.col("path")))
     struct = F.struct(
         "window_key",
@@ -320,5 +347,6 @@ def feature_window_bytes() -> Column:
         "error_rate",
         "last_event_time",
         "sources",
+        F.lit(open_window).alias("open"),
     )
     return F.call_udf(ENCODE_FEATURE_WINDOW, struct)

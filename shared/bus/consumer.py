@@ -71,8 +71,7 @@ class Record(Generic[MessageT]):
         return list(self._raw_headers() or ())
 
     def _raw_headers(self) -> list[tuple[str, bytes]] | None:
-        # confluent-kafka always returns a list of (str, bytes) for headers.
-        return cast("list[tuple[str, bytes]] | None", self._msg.headers())
+        return self._msg.headers()
 
     @property
     def envelope(self) -> envelope.Envelope:
@@ -166,7 +165,8 @@ class BusConsumer(Generic[MessageT]):
             elif offsets:
                 self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
-            if exc.args[0].code() == KafkaError._NO_OFFSET:
+            error = exc.args[0]
+            if isinstance(error, KafkaError) and error.code() == KafkaError._NO_OFFSET:
                 return
             raise Unavailable(f"offset commit failed: {exc}") from exc
 

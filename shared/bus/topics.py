@@ -135,7 +135,11 @@ def ensure_topics(
                 future.result()
                 outcome[name] = "created"
             except KafkaException as exc:
-                if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                error = exc.args[0]
+                if not (
+                    isinstance(error, KafkaError)
+                    and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
+                ):
                     raise FailedPrecondition(f"cannot create topic {name}: {exc}") from exc
                 outcome[name] = "exists"  # another process won the race
 

@@ -409,8 +409,14 @@ def test_entity_features_come_from_the_online_store(
         "p50": 21.4,
         "p95": 22.8,
     }
+    running = {**window, "count": 3, "mean": 24.0, "max": 25.0}
     client = redis.Redis.from_url(infra.redis.url)
     client.hset(f"{prefix}sensor-7", "temp@tumbling-60s", encode_window(FeatureWindow(**window)))
+    client.hset(
+        f"{prefix}sensor-7",
+        "temp@tumbling-60s:open",
+        encode_window(FeatureWindow(**running, open=True)),
+    )
     client.close()
     server = serve(online_key_prefix=prefix)  # type: ignore[operator]
     from shared.contracts.inference import grpc_predict_v2_pb2 as pb
@@ -425,6 +431,20 @@ def test_entity_features_come_from_the_online_store(
         tensor.contents.fp32_contents.extend(row.ravel().tolist())
         want = stub.ModelInfer(direct)
         assert got.outputs[0].contents.fp32_contents == want.outputs[0].contents.fp32_contents
+        # window=open: the running aggregate of the open window, same model.
+        by_entity.parameters["window"].string_param = "open"
+        got_open = stub.ModelInfer(by_entity)
+        direct.inputs[0].contents.fp32_contents[:] = [float(running[s]) for s in FEATURE_STATS]
+        want_open = stub.ModelInfer(direct)
+        assert got_open.outputs[0].contents.fp32_contents == (
+            want_open.outputs[0].contents.fp32_contents
+        )
+        assert got_open.outputs[0].contents.fp32_contents != got.outputs[0].contents.fp32_contents
+        by_entity.parameters["window"].string_param = "latest"
+        with pytest.raises(grpc.RpcError) as bad_window:
+            stub.ModelInfer(by_entity)
+        assert bad_window.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "'window'" in (bad_window.value.details() or "")
         unknown = pb.ModelInferRequest(model_name="forecast")
         unknown.parameters["entity_id"].string_param = "nobody"
         with pytest.raises(grpc.RpcError) as missing:
@@ -442,6 +462,16 @@ def test_entity_features_come_from_the_online_store(
     printed = predicted.stdout.splitlines()[1]
     assert printed.startswith("prediction [1, 1]: [[")
     assert float(printed.split("[[")[1].rstrip("]")) == pytest.approx(value, abs=1e-4)
+    predicted = subprocess.run(
+        [sys.executable, "-m", "compose.cli", "predict", "forecast", "--entity", "sensor-7",
+         "--open", "--url", server.address],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert predicted.returncode == 0, predicted.stderr
+    printed = predicted.stdout.splitlines()[1]
+    assert float(printed.split("[[")[1].rstrip("]")) == pytest.approx(
+        got_open.outputs[0].contents.fp32_contents[0], abs=1e-4
+    )
 
 
 def readme_prediction() -> str:

@@ -12,7 +12,7 @@ import pytest
 
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import events_pb2, features_pb2
-from shared.feature_store import decode_window, online_field, online_key
+from shared.feature_store import decode_window, online_field, online_key, open_field
 from shared.redis_client import make_redis
 from tests.infra import Infra, read_topic, wait_until
 from tests.integration.transform_job import (
@@ -164,6 +164,70 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
     assert online[b"temperature@tumbling-10s"] in records
     latest_sliding = decode_window(online[b"temperature@sliding-20s-every-10s"])
     assert (latest_sliding.count, latest_sliding.mean) == (1, 30.0)
+
+
+def test_open_windows_running_aggregates_reach_redis_before_they_close(
+    infra: Infra, topics: TransformTopics, producer: BusProducer, tmp_path: Path
+) -> None:
+    job = TransformJob(
+        infra,
+        topics,
+        tmp_path / "job",
+        AISTACK_TRANSFORM_SLIDING_WINDOW_SECONDS="20",
+        AISTACK_TRANSFORM_SLIDING_SLIDE_SECONDS="10",
+        AISTACK_TRANSFORM_OPEN_WINDOWS="all",
+    )
+    store = make_redis(infra.redis)
+    key = online_key(topics.redis_prefix, "t-2")
+    tumbling = open_field(online_field("temperature", "tumbling-10s"))
+    sliding = open_field(online_field("temperature", "sliding-20s-every-10s"))
+
+    def stored(field: str) -> features_pb2.FeatureWindow | None:
+        value = store.hget(key, field)
+        return None if value is None else decode_window(value)
+
+    def reaches(field: str, start: float, count: int) -> None:
+        def holds() -> bool:
+            window = stored(field)
+            return window is not None and (window.window_start.seconds, window.count) == (
+                int((T0 + timedelta(seconds=start)).timestamp()),
+                count,
+            )
+
+        wait_until(holds, 120, f"{field} never held {count} from {start}: {stored(field)}")
+
+    try:
+        publish(producer, topics.clean, [reading("t-2", s, v) for s, v in [(1, 20.0), (2, 22.0)]])
+        reaches(tumbling, 0, 2)
+        window = stored(tumbling)
+        assert window is not None
+        assert window.open and (window.mean, window.min, window.max, window.last) == (
+            21.0, 20.0, 22.0, 22.0,
+        )  # fmt: skip
+        positions = clean_positions(infra.kafka, topics.clean, wanted=2)
+        assert ranges(window.sources) == expected_sources(
+            topics.clean, positions, ["t-2-1", "t-2-2"]
+        )
+        # The closed field waits for the watermark; the open one did not.
+        assert store.hget(key, online_field("temperature", "tumbling-10s")) is None
+        # Of the two sliding windows holding the latest reading, the fuller.
+        reaches(sliding, -10, 2)
+
+        publish(producer, topics.clean, [reading("t-2", 3, 30.0)])
+        reaches(tumbling, 0, 3)
+        # The next tumbling window replaces the one before it.
+        publish(producer, topics.clean, [reading("t-2", 11, 24.0)])
+        reaches(tumbling, 10, 1)
+        reaches(sliding, 0, 4)
+        # A late reading (inside the watermark) updates an older window: the
+        # store keeps the newer tumbling one, and the sliding one counts it.
+        publish(producer, topics.clean, [reading("t-2", 8, 25.0)])
+        reaches(sliding, 0, 5)
+        reaches(tumbling, 10, 1)
+        assert job.counter("transform_windows_out_total", '{query="open-windows"}') >= 5
+    finally:
+        store.close()
+        job.close()
 
 
 def test_a_killed_job_resumes_from_its_checkpoint_without_losing_or_doubling_a_window(

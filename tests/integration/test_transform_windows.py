@@ -14,6 +14,7 @@ from svc_transform.windows import (
     decode,
     feature_window_bytes,
     observations,
+    running_windows,
 )
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
@@ -236,3 +237,45 @@ def test_aggregates_encode_as_feature_windows(spark: Any) -> None:
         for s in windows["web-1"].sources
     ] == [(CLEAN, 0, 100, 100, 1)]
     assert [(s.min_offset, s.count) for s in windows["t-3"].sources] == [(101, 1)]
+
+
+def test_running_windows_read_as_the_closed_windows_do(spark: Any) -> None:
+    # Two specs, uneven panes, a web request and a second partition: the
+    # open-window query's single aggregation gives aggregate()'s rows.
+    values = [sensor("t-4", T0 + timedelta(seconds=s), float(s % 17)) for s in range(0, 170, 7)]
+    values += [web("web-2", T0 + timedelta(seconds=30), "/a", 200, 12.5)]
+    partitions = [i % 2 for i in range(len(values))]
+    specs = [WindowSpec(60, 60), WindowSpec(120, 60)]
+    observed = observations(decode(frame(spark, values, partitions)))
+
+    def rows(windows: Any) -> dict[str, dict[str, Any]]:
+        return {r.window_key: r.asDict(recursive=True) for r in windows.collect()}
+
+    closed, running = rows(aggregate(observed, specs, 0)), rows(running_windows(observed, specs, 0))
+    assert closed.keys() == running.keys() and len(closed) == 10
+    for key, row in closed.items():
+        assert running[key].keys() == row.keys()
+        for column, value in row.items():
+            if isinstance(value, float):
+                assert abs(running[key][column] - value) < 1e-9, (key, column)
+            else:
+                assert running[key][column] == value, (key, column)
+
+
+def test_an_open_window_encodes_as_one(spark: Any) -> None:
+    rows = running_windows(
+        observations(decode(frame(spark, [sensor("t-5", T0, 5.0)]))), [WindowSpec(60, 60)], 30
+    )
+    (encoded,) = [
+        features_pb2.FeatureWindow.FromString(bytes(r.v))
+        for r in rows.select(feature_window_bytes(open_window=True).alias("v")).collect()
+    ]
+    assert encoded.open and (encoded.entity_id, encoded.count) == ("t-5", 1)
+    closed = aggregate(
+        observations(decode(frame(spark, [sensor("t-5", T0, 5.0)]))), [WindowSpec(60, 60)], 30
+    )
+    (encoded,) = [
+        features_pb2.FeatureWindow.FromString(bytes(r.v))
+        for r in closed.select(feature_window_bytes().alias("v")).collect()
+    ]
+    assert not encoded.open

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
-from shared.errors import FailedPrecondition
-from shared.feature_store import FEATURE_STATS
-from svc_model.features import feature_row
+from shared.errors import FailedPrecondition, InvalidArgument
+from shared.feature_store import FEATURE_STATS, open_field
+from svc_model.features import feature_row, window_field
 
 
 def test_a_window_becomes_a_row_in_feature_order() -> None:
@@ -30,3 +30,13 @@ def test_a_window_with_a_statistic_that_is_not_a_number_is_refused() -> None:
     window = FeatureWindow(mean=1.0, stddev=1.0, min=1.0, max=1.0, count=1, p50=1.0, p95=math.nan)
     with pytest.raises(FailedPrecondition, match="p95"):
         feature_row(window, len(FEATURE_STATS), "t@w")
+
+
+def test_the_window_parameter_picks_the_closed_or_the_open_field() -> None:
+    assert window_field("t@tumbling-60s", "closed") == "t@tumbling-60s"
+    assert window_field("t@tumbling-60s", "open") == "t@tumbling-60s:open"
+    assert window_field("t@tumbling-60s", "open") == open_field("t@tumbling-60s")
+    # No field yet: the reader says the feature is needed.
+    assert window_field("", "open") == ""
+    with pytest.raises(InvalidArgument, match="'window' is 'latest': one of closed, open"):
+        window_field("t@tumbling-60s", "latest")

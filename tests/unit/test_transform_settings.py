@@ -17,6 +17,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert settings.source_topic == "aistack.events.clean"
     assert settings.features_topic == "aistack.features.windows"
     assert (settings.tumbling_window_seconds, settings.watermark_seconds) == (60, 30)
+    assert (settings.open_windows, settings.open_window_trigger_seconds) == ("tumbling", 0.0)
     assert settings.checkpoint_path().startswith(str(tmp_path))
     assert settings.offline_path().startswith(str(tmp_path))
 
@@ -49,6 +50,12 @@ def test_cluster_masters_are_accepted(master: str) -> None:
             "AISTACK_TRANSFORM_SLIDING_SLIDE_SECONDS",
             "70",
             "AISTACK_TRANSFORM_SLIDING_SLIDE_SECONDS",
+        ),
+        ("AISTACK_TRANSFORM_OPEN_WINDOWS", "some", "AISTACK_TRANSFORM_OPEN_WINDOWS"),
+        (
+            "AISTACK_TRANSFORM_OPEN_WINDOW_TRIGGER_SECONDS",
+            "-1",
+            "AISTACK_TRANSFORM_OPEN_WINDOW_TRIGGER_SECONDS",
         ),
     ],
 )
