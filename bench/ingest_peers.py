@@ -46,19 +46,17 @@ import signal
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.harness import ROOT, child_env, python_module
-from shared.settings import KafkaSettings, load_settings
+from bench.harness import ROOT, python_module
+from shared.settings import load_settings
 from svc_ingest.cleaner import Cleaner
 from svc_ingest.dedup import DedupWindow
 from svc_ingest.handlers import RecordHandler
 from svc_ingest.settings import IngestSettings
 
-PEERS = ("passthrough", "stock_faust", "quixstreams")
 RATE_PREFIX = "rate "
 _RATE_LINE = re.compile(rf"{RATE_PREFIX}(\d+(?:\.\d*)?(?:e[+-]?\d+)?)$", re.MULTILINE)
 
@@ -398,33 +396,10 @@ RUNNERS: dict[str, Callable[[IngestSettings, int], float]] = {
     "stock_faust": stock_faust,
     "quixstreams": quixstreams,
 }
+PEERS = tuple(RUNNERS)
 
 
 # ---- running one in a process of its own ----
-
-
-def peer_env(
-    kafka: KafkaSettings,
-    source: str,
-    guarantee: str,
-    suffix: str,
-    extra: Mapping[str, str] | None = None,
-) -> dict[str, str]:
-    """A peer's environment: the worker's settings as ``bench.services.run_worker``
-    sets them, on clean and dead-letter topics of its own."""
-    return child_env(
-        {
-            "AISTACK_LOG_LEVEL": "WARNING",
-            "AISTACK_INGEST_APP_ID": f"bench-peer-{suffix}",
-            "AISTACK_INGEST_SOURCE_TOPIC": source,
-            "AISTACK_INGEST_CLEAN_TOPIC": f"bench.clean.{suffix}",
-            "AISTACK_INGEST_DLQ_TOPIC": f"bench.dlq.{suffix}",
-            "AISTACK_INGEST_MAX_FUTURE_SKEW_SECONDS": "86400",
-            "AISTACK_INGEST_PROCESSING_GUARANTEE": guarantee,
-            **(extra or {}),
-        },
-        kafka=kafka,
-    )
 
 
 def run_peer(name: str, env: Mapping[str, str], count: int, *, timeout: float = 600) -> float:
@@ -448,10 +423,6 @@ def read_rate(stdout: str) -> float | None:
     escapes to stdout as it exits, on the line the rate starts."""
     found = _RATE_LINE.findall(stdout)
     return float(found[-1]) if found else None
-
-
-def unique_suffix() -> str:
-    return uuid.uuid4().hex[:8]
 
 
 def main() -> int:

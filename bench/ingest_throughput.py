@@ -7,7 +7,7 @@ of it from the earliest offset, each in a process of its own, in an order
 that alternates per round (``bench.harness.round_order``), each writing to
 clean and dead-letter topics of its own. What is the same for all of them:
 
-* the settings: ``AISTACK_INGEST_*`` as ``bench.services.run_worker`` sets
+* the settings: ``AISTACK_INGEST_*`` as ``bench.services.ingest_env`` sets
   them, read through ``IngestSettings``; the processing guarantee
   (``--guarantee``, default svc_ingest's deployed one) and the commit
   interval (svc_ingest's ``commit_interval_seconds`` default, 1.0 s);
@@ -44,8 +44,8 @@ import uuid
 from pathlib import Path
 
 from bench.harness import kafka_settings, print_ratio, round_order
-from bench.ingest_peers import PEERS, peer_env, run_peer
-from bench.services import fill, run_worker
+from bench.ingest_peers import PEERS, run_peer
+from bench.services import fill, ingest_env, run_worker
 from svc_ingest.settings import IngestSettings
 
 CLEANER = "cleaner"
@@ -79,7 +79,8 @@ def main() -> int:
                 if who == CLEANER:
                     rate = run_worker(kafka, source, args.count, Path(state), args.guarantee)
                 else:
-                    env = peer_env(kafka, source, args.guarantee, uuid.uuid4().hex[:8])
+                    suffix = uuid.uuid4().hex[:8]
+                    env = ingest_env(kafka, source, suffix, guarantee=args.guarantee)
                     rate = run_peer(who, env, args.count)
                 rates[who].append(rate)
             line = ", ".join(f"{who} {found[-1]:,.0f}/s" for who, found in rates.items())

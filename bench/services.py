@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 from bench.harness import (
@@ -72,6 +73,32 @@ def fill(kafka: KafkaSettings, topic: str, count: int) -> int:
     return size // count
 
 
+def ingest_env(
+    kafka: KafkaSettings,
+    source: str,
+    suffix: str,
+    *,
+    guarantee: str | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The settings an ingest worker, or a peer measured against it, runs
+    under: ``source`` in, clean and dead-letter topics of its own
+    (``suffix``), under ``guarantee`` (else svc_ingest's default)."""
+    return child_env(
+        {
+            "AISTACK_LOG_LEVEL": "WARNING",
+            "AISTACK_INGEST_APP_ID": f"bench-ingest-{suffix}",
+            "AISTACK_INGEST_SOURCE_TOPIC": source,
+            "AISTACK_INGEST_CLEAN_TOPIC": f"bench.clean.{suffix}",
+            "AISTACK_INGEST_DLQ_TOPIC": f"bench.dlq.{suffix}",
+            "AISTACK_INGEST_MAX_FUTURE_SKEW_SECONDS": "86400",
+            **({"AISTACK_INGEST_PROCESSING_GUARANTEE": guarantee} if guarantee else {}),
+            **(extra or {}),
+        },
+        kafka=kafka,
+    )
+
+
 def run_worker(
     kafka: KafkaSettings, source: str, count: int, state: Path, guarantee: str | None = None
 ) -> float:
@@ -79,19 +106,12 @@ def run_worker(
     its rate from first to last record, by its counter."""
     suffix = uuid.uuid4().hex[:8]
     port = free_port()
-    env = child_env(
-        {
-            "AISTACK_STATE_DIR": str(state),
-            "AISTACK_LOG_LEVEL": "WARNING",
-            "AISTACK_INGEST_APP_ID": f"bench-ingest-{suffix}",
-            "AISTACK_INGEST_SOURCE_TOPIC": source,
-            "AISTACK_INGEST_CLEAN_TOPIC": f"bench.clean.{suffix}",
-            "AISTACK_INGEST_DLQ_TOPIC": f"bench.dlq.{suffix}",
-            "AISTACK_INGEST_METRICS_PORT": str(port),
-            "AISTACK_INGEST_MAX_FUTURE_SKEW_SECONDS": "86400",
-            **({"AISTACK_INGEST_PROCESSING_GUARANTEE": guarantee} if guarantee else {}),
-        },
-        kafka=kafka,
+    env = ingest_env(
+        kafka,
+        source,
+        suffix,
+        guarantee=guarantee,
+        extra={"AISTACK_STATE_DIR": str(state), "AISTACK_INGEST_METRICS_PORT": str(port)},
     )
     log = (state / f"worker-{suffix}.log").open("wb")
     worker = spawn(python_module("svc_ingest"), env, log)

@@ -40,6 +40,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from confluent_kafka import Consumer
@@ -74,6 +75,24 @@ def clean_event(i: int, at: float, entities: int = 200) -> events_pb2.CleanEvent
     event.sensor_reading.measurements.add(metric="temperature", value=15 + i % 20, unit="degC")
     event.sensor_reading.measurements.add(metric="humidity", value=30 + i % 50, unit="%")
     return event
+
+
+def steady_readings(
+    producer: BusProducer, topic: str, rate: int, seconds: int, entities: int
+) -> Iterator[tuple[int, float]]:
+    """Publish ``clean_event(i, now)`` at ``rate`` a second for ``seconds``,
+    event time = when it is produced; yields each one's ``i`` and event time."""
+    begin = time.time()
+    i = 0
+    while time.time() - begin < seconds:
+        now = time.time()
+        producer.publish(topic, clean_event(i, now, entities), key=None)
+        yield i, now
+        i += 1
+        time.sleep(max(0.0, begin + i / rate - time.time()))
+        if i % 1000 == 0:
+            producer.poll(0)
+    producer.flush()
 
 
 class Job:
@@ -214,17 +233,8 @@ def latencies(
     try:
         job.start()
         time.sleep(25)  # Spark's start-up and the first (empty) batches
-        begin = time.time()
-        i = 0
-        while time.time() - begin < seconds:
-            now = time.time()
-            producer.publish(job.clean, clean_event(i, now, entities), key=None)
+        for _, now in steady_readings(producer, job.clean, rate, seconds, entities):
             closers.setdefault(int(now), now)
-            i += 1
-            time.sleep(max(0.0, begin + i / rate - time.time()))
-            if i % 1000 == 0:
-                producer.poll(0)
-        producer.flush()
         time.sleep(10)
     finally:
         done.set()
@@ -247,7 +257,7 @@ def freshness(
     entity's readings as had been produced into it up to that one."""
     job = Job(kafka, uuid.uuid4().hex[:8], state, AISTACK_TRANSFORM_STARTING_OFFSETS="latest")
     field = open_field(online_field("temperature", window_kind(60, 60)))
-    names = [f"thermo-{e:04d}" for e in range(entities)]
+    names = [clean_event(e, 0, entities).entity_id for e in range(entities)]
     keys = [online_key(job.prefix, name) for name in names]
     # entity → window start (s) → (poll times, counts), counts never falling.
     seen: dict[str, dict[int, tuple[list[float], list[int]]]] = {n: {} for n in names}
@@ -281,19 +291,10 @@ def freshness(
         job.start()
         time.sleep(25)  # Spark's start-up and the first (empty) batches
         poller.start()
-        begin = time.time()
-        i = 0
-        while time.time() - begin < seconds:
-            now = time.time()
-            producer.publish(job.clean, clean_event(i, now, entities), key=None)
+        for i, now in steady_readings(producer, job.clean, rate, seconds, entities):
             slot = (names[i % entities], int(now) // 60 * 60)
             produced[slot] = produced.get(slot, 0) + 1
             readings.append((*slot, produced[slot], now))
-            i += 1
-            time.sleep(max(0.0, begin + i / rate - time.time()))
-            if i % 1000 == 0:
-                producer.poll(0)
-        producer.flush()
         time.sleep(5)
     finally:
         done.set()

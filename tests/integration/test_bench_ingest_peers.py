@@ -11,7 +11,8 @@ from collections import Counter
 import pytest
 from confluent_kafka import Consumer
 
-from bench.ingest_peers import peer_env, run_peer
+from bench.ingest_peers import run_peer
+from bench.services import ingest_env
 from loadgen.plan import generate
 from loadgen.records import RawRecord
 from shared.bus import envelope
@@ -36,7 +37,7 @@ def records() -> list[RawRecord]:
 
 def expected(records: list[RawRecord]) -> tuple[Counter[str], Counter[bytes]]:
     """Clean event ids and rejected values, as ``Cleaner.clean_all`` decides
-    under the settings ``peer_env`` gives the peers."""
+    under the settings ``ingest_env`` gives the peers."""
     cleaner = Cleaner(IngestSettings(max_future_skew_seconds=86400).cleaning_rules())
     now_us = time.time_ns() // 1000
     ids: Counter[str] = Counter()
@@ -88,7 +89,9 @@ def start(infra: Infra, unique: str, records: list[RawRecord]) -> Topics:
 
 
 def run(infra: Infra, topics: Topics, peer: str, guarantee: str) -> float:
-    env = peer_env(infra.kafka, topics.raw, guarantee, topics.app_id, topics.env())
+    env = ingest_env(
+        infra.kafka, topics.raw, topics.app_id, guarantee=guarantee, extra=topics.env()
+    )
     return run_peer(peer, env, COUNT, timeout=120)
 
 
