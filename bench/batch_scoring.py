@@ -11,9 +11,9 @@ cores runs a task of it).
 
 Model: the trainer's forecasting MLP for the ``features`` dataset (one lag:
 ``len(FEATURE_STATS)`` values per row in, one prediction out), built by
-``svc_trainer.torch_models`` with the default hyperparameters, seeded and
+``svc_trainer.backends.torch.models`` with the default hyperparameters, seeded and
 untrained (the weights change nothing a row costs), and exported by
-``svc_trainer.torch_runner.export`` (torch.export). The bench builds the
+``svc_trainer.backends.torch.runner.export`` (torch.export). The bench builds the
 ModelReady event the trainer would publish for it and calls
 ``svc_score.job.score`` with it directly: no broker, no models topic
 (``svc_score.app.run`` only adds reading that event from Kafka).
@@ -220,7 +220,8 @@ def export_model(directory: Path, seed: int = SEED) -> models_pb2.ModelReady:
     from shared.artifacts import digest
     from shared.contracts.aistack.v1 import common_pb2, models_pb2
     from shared.feature_store import FEATURE_STATS, online_field
-    from svc_trainer import torch_models, torch_runner
+    from svc_trainer.backends.torch import models as torch_models
+    from svc_trainer.backends.torch import runner as torch_runner
     from svc_trainer.plan import TASK_REGRESSION, DataSplits, Hyperparams
 
     rng = np.random.default_rng(seed)

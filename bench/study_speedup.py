@@ -128,7 +128,7 @@ def train_one(params: dict[str, Any], number: int) -> float:
     global _DATA
     import torch
 
-    from svc_trainer import torch_runner
+    from svc_trainer.backends.torch import runner as torch_runner
     from svc_trainer.data import load
     from svc_trainer.plan import Hyperparams, RunSpec
 
@@ -164,7 +164,7 @@ def train_one(params: dict[str, Any], number: int) -> float:
 
 
 def in_process(trials: int) -> Outcome:
-    from svc_trainer import torch_runner
+    from svc_trainer.backends.torch import runner as torch_runner
 
     torch_runner.RUNNER.warm_up(1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -140,11 +140,11 @@ def _run_one(framework: str, strategy: str, mnist: str, device: str, out: Any) -
             spec = _spec(framework, strategy, Path(scratch), device)
             channel = _LastEpoch()
             if framework == "torch":
-                from svc_trainer import torch_runner
+                from svc_trainer.backends.torch import runner as torch_runner
 
                 torch_runner.run(spec, data, channel)
             else:
-                from svc_trainer import tf_runner
+                from svc_trainer.backends.tensorflow import runner as tf_runner
 
                 tf_runner.run(spec, data, channel)
         out.put((channel.samples_per_s, "ok"))
@@ -177,7 +177,7 @@ def _plain_loop(mnist: str, device_name: str, out: Any) -> None:
     from torch import nn
 
     from svc_trainer import data as datasets
-    from svc_trainer import torch_models
+    from svc_trainer.backends.torch import models as torch_models
     from svc_trainer.plan import Hyperparams
 
     data = datasets.load("mnist", {"path": mnist})

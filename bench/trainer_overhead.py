@@ -118,7 +118,7 @@ class Quiet:
 def torch_trainer(threads: int, strategy: str, world: int) -> dict[str, float]:
     import torch
 
-    from svc_trainer import torch_runner
+    from svc_trainer.backends.torch import runner as torch_runner
 
     torch.set_num_threads(threads)
     data = bench_data()
@@ -133,7 +133,7 @@ def torch_plain() -> dict[str, float]:
     import torch
     from torch import nn
 
-    from svc_trainer import torch_models
+    from svc_trainer.backends.torch import models as torch_models
     from svc_trainer.plan import Hyperparams
 
     torch.set_num_threads(2)
@@ -159,7 +159,7 @@ def torch_plain() -> dict[str, float]:
 
 
 def tf_trainer() -> dict[str, float]:
-    from svc_trainer import tf_runner
+    from svc_trainer.backends.tensorflow import runner as tf_runner
 
     data = bench_data()
     channel = Quiet()
@@ -172,7 +172,7 @@ def tf_trainer() -> dict[str, float]:
 def tf_plain() -> dict[str, float]:
     import tensorflow as tf
 
-    from svc_trainer import tf_models
+    from svc_trainer.backends.tensorflow import models as tf_models
     from svc_trainer.plan import Hyperparams
 
     tf.config.threading.set_intra_op_parallelism_threads(2)

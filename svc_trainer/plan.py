@@ -1,8 +1,8 @@
 """What one training run is given and what it gives back.
 
 Plain, picklable data shared by the worker, the framework runners
-(``torch_runner``, ``tf_runner``) and the processes they start. No Kafka, no
-framework imports here.
+(``backends.torch.runner``, ``backends.tensorflow.runner``) and the processes
+they start. No Kafka, no framework imports here.
 
 A framework's ``Runner`` (``runners.py`` names them) is called by a warm
 executor (``executor.py``) trial after trial. ``run(spec, data, channel)``

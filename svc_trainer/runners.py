@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from svc_trainer.plan import Runner, TrialError
 
 BUILT_IN: Mapping[str, str] = {
-    "torch": "svc_trainer.torch_runner:RUNNER",
-    "tensorflow": "svc_trainer.tf_runner:RUNNER",
+    "torch": "svc_trainer.backends.torch.runner:RUNNER",
+    "tensorflow": "svc_trainer.backends.tensorflow.runner:RUNNER",
 }
 
 

@@ -26,7 +26,7 @@ from shared.settings import ServiceSettings, SparkSettings
 class TrainerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="AISTACK_TRAINER_", frozen=True, extra="ignore")
 
-    # Where trials with task.options.launcher "spark" run (svc_trainer.torch_spark).
+    # Where trials with task.options.launcher "spark" run (svc_trainer.backends.torch.spark).
     spark: SparkSettings = Field(default_factory=SparkSettings)
     trials_topic: str = TUNING_TRIALS
     reports_topic: str = TUNING_REPORTS
@@ -58,8 +58,8 @@ class TrainerSettings(ServiceSettings):
     # Heartbeats while training, unless the trial request sets its own.
     heartbeat_seconds: float = Field(default=10.0, gt=0, le=3600)
     # Multi-node TensorFlow: this host's TF_CONFIG (JSON) for the multi-worker
-    # strategies. (Multi-node PyTorch: torchrun, svc_trainer.torch_launch, or Spark,
-    # svc_trainer.torch_spark.)
+    # strategies. (Multi-node PyTorch: torchrun, svc_trainer.backends.torch.torchrun, or Spark,
+    # svc_trainer.backends.torch.spark.)
     tf_config: str = ""
     metrics_port: int = Field(default=9105, ge=0, le=65535)
     # Warm executors: the frameworks whose executor starts with the trainer

@@ -58,7 +58,7 @@ FRAMEWORK_PARAM = "framework"
 
 #: How a multi-process trial's processes start (``task.options``): "local"
 #: (the default: on this node) or "spark" (a torch ``ddp`` trial's ranks as
-#: Spark barrier tasks, ``torch_spark``).
+#: Spark barrier tasks, ``backends.torch.spark``).
 LAUNCHER_OPTION = "launcher"
 LAUNCHERS = ("local", "spark")
 

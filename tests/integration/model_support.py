@@ -52,7 +52,8 @@ class Artifact:
 def export_torch(directory: Path) -> Artifact:
     import torch
 
-    from svc_trainer import torch_models, torch_runner
+    from svc_trainer.backends.torch import models as torch_models
+    from svc_trainer.backends.torch import runner as torch_runner
 
     data = digits_splits(limit=200)
     torch.manual_seed(3)
@@ -65,7 +66,8 @@ def export_torch(directory: Path) -> Artifact:
 def export_tf(directory: Path) -> Artifact:
     import tensorflow as tf
 
-    from svc_trainer import tf_models, tf_runner
+    from svc_trainer.backends.tensorflow import models as tf_models
+    from svc_trainer.backends.tensorflow import runner as tf_runner
 
     data = digits_splits(limit=200)
     tf.keras.utils.set_random_seed(3)

@@ -33,7 +33,7 @@ def _moved(images: np.ndarray, out: np.ndarray) -> int:
 def _torch_layer(fraction: float) -> Callable[[np.ndarray, bool], np.ndarray]:
     import torch
 
-    from svc_trainer.torch_models import RandomShift
+    from svc_trainer.backends.torch.models import RandomShift
 
     layer = RandomShift(fraction)
     torch.manual_seed(0)
@@ -46,7 +46,7 @@ def _torch_layer(fraction: float) -> Callable[[np.ndarray, bool], np.ndarray]:
 
 
 def _keras_layer(fraction: float) -> Callable[[np.ndarray, bool], np.ndarray]:
-    from svc_trainer.tf_models import random_shift
+    from svc_trainer.backends.tensorflow.models import random_shift
 
     layer = random_shift(fraction)
     return lambda x, training: np.asarray(layer(x, training=training))
@@ -68,7 +68,8 @@ def test_a_share_of_the_images_moves_while_training_and_none_at_serving(
 def test_an_augmented_torch_model_exports_without_the_augmentation(tmp_path: Path) -> None:
     import torch
 
-    from svc_trainer import torch_models, torch_runner
+    from svc_trainer.backends.torch import models as torch_models
+    from svc_trainer.backends.torch import runner as torch_runner
 
     data = digits_splits(limit=200)
     model = torch_models.build("cnn", Hyperparams(filters=4, units=8, augment=0.5), data)

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from shared.artifacts import TORCH_EXPORT_FILE
-from svc_trainer import torch_devices, torch_runner
+from svc_trainer.backends.torch import devices as torch_devices
+from svc_trainer.backends.torch import runner as torch_runner
 from svc_trainer.plan import Hyperparams, StopReason, TrialError
 from tests.integration import torch_group
 from tests.integration.trainer_support import RecordingChannel, digits_splits, run_spec
@@ -96,7 +97,7 @@ def test_torchrun_runs_one_rank_per_gpu(tmp_path: Path) -> None:
             "--nproc-per-node",
             str(GPUS),
             "-m",
-            "svc_trainer.torch_launch",
+            "svc_trainer.backends.torch.torchrun",
             str(trial),
             "--out",
             str(tmp_path / "out"),

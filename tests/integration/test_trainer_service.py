@@ -216,7 +216,8 @@ def _uploaded_epoch(store: str, request: tuning_pb2.TrialRequested, scratch: Pat
     """The epoch of the trial's checkpoint in the remote store (0: none yet)."""
     import torch
 
-    from svc_trainer import torch_loop, trials
+    from svc_trainer import trials
+    from svc_trainer.backends.torch import loop as torch_loop
 
     key = f"checkpoints/{trials.trial_key(request)}"
     if not ArtifactStore(store).get_checkpoint(key, scratch):

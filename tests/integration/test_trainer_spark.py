@@ -23,9 +23,11 @@ from shared.artifacts import digest
 from shared.model_loading import load
 from shared.settings import SparkSettings
 from svc_trainer import data as datasets
-from svc_trainer import torch_runner, torch_spark, trials
+from svc_trainer import trials
+from svc_trainer.backends.torch import runner as torch_runner
+from svc_trainer.backends.torch import spark as torch_spark
+from svc_trainer.backends.torch.loop import CHECKPOINT_FILE
 from svc_trainer.plan import DataSplits, RunResult, RunSpec, StopReason, TrialError
-from svc_trainer.torch_loop import CHECKPOINT_FILE
 from tests.integration.trainer_service import trial_request
 from tests.integration.trainer_support import RecordingChannel, digits_splits, run_spec
 from tests.spark_cluster import StandaloneCluster, standalone_cluster
@@ -147,7 +149,7 @@ def test_a_torch_distributor_trial_reports_and_exports_like_a_local_one(
 def test_a_torch_distributor_trial_reports_and_exports_like_a_torchrun_one(
     tmp_path: Path, local_spark: SparkSettings
 ) -> None:
-    """One trial request, run by torchrun (``svc_trainer.torch_launch``, two
+    """One trial request, run by torchrun (``svc_trainer.backends.torch.torchrun``, two
     ranks on this node) and through TorchDistributor: the same reports, the
     same weights on every rank, the same exported model."""
     request = trial_request(
@@ -159,7 +161,7 @@ def test_a_torch_distributor_trial_reports_and_exports_like_a_torchrun_one(
         [
             str(Path(sys.executable).with_name("torchrun")),
             *("--standalone", "--nproc-per-node", str(WORLD)),
-            *("-m", "svc_trainer.torch_launch", str(trial)),
+            *("-m", "svc_trainer.backends.torch.torchrun", str(trial)),
             *("--out", str(tmp_path / "torchrun"), "--device", "cpu"),
         ],
         capture_output=True,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from svc_trainer import tf_runner
+from svc_trainer.backends.tensorflow import runner as tf_runner
 from svc_trainer.plan import (
     DataSplits,
     Hyperparams,

@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from shared.artifacts import TORCH_EXPORT_FILE
-from svc_trainer import torch_devices, torch_loop, torch_runner
+from svc_trainer.backends.torch import devices as torch_devices
+from svc_trainer.backends.torch import loop as torch_loop
+from svc_trainer.backends.torch import runner as torch_runner
 from svc_trainer.plan import Hyperparams, StopReason, TrialError, check_replicas_fit
 from tests.integration import torch_group
 from tests.integration.trainer_support import (
@@ -132,7 +134,7 @@ def test_model_parallel_computes_what_one_device_computes(tmp_path: Path) -> Non
 
 
 def test_two_stages_cut_the_model_between_convolutions_and_head() -> None:
-    from svc_trainer import torch_models
+    from svc_trainer.backends.torch import models as torch_models
 
     model = torch_models.build("cnn", Hyperparams(), DIGITS)
     cut = torch_models.split_point(model)
@@ -216,7 +218,7 @@ def _torchrun(trial: Path, out: str) -> subprocess.Popen[str]:
             "--nproc-per-node",
             "2",
             "-m",
-            "svc_trainer.torch_launch",
+            "svc_trainer.backends.torch.torchrun",
             str(trial),
             "--out",
             out,

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from svc_trainer import torch_ddp
-from svc_trainer.launch import LocalGroup
+from svc_trainer.backends.launch import LocalGroup
+from svc_trainer.backends.torch import ddp as torch_ddp
 from svc_trainer.plan import StopReason
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from shared.settings import SparkSettings
-from svc_trainer.tf_cluster import read_job, write_job
+from svc_trainer.backends.tensorflow.cluster import read_job, write_job
 from tests.integration.trainer_support import digits_splits, run_spec
 
 

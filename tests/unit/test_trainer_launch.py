@@ -1,4 +1,4 @@
-"""The trainer's one local launcher (``svc_trainer.launch.LocalGroup``), on
+"""The trainer's one local launcher (``svc_trainer.backends.launch.LocalGroup``), on
 real child processes: a module worker's environment and exit code, a
 function worker bound to its parent, the failure watch, and the reaping.
 No framework: the workers here are tiny functions and this module itself.
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from svc_trainer.launch import LocalGroup
+from svc_trainer.backends.launch import LocalGroup
 
 EXIT_CODE_VARIABLE = "AISTACK_TEST_LAUNCH_EXIT"
 _PR_GET_PDEATHSIG = 2

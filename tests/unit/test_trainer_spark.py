@@ -11,13 +11,13 @@ import pytest
 
 from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
 from svc_trainer import trials
-from svc_trainer.plan import Hyperparams, RunSpec, StopReason, TrialError
-from svc_trainer.spark_channel import (
+from svc_trainer.backends.spark_channel import (
     DriverChannel,
     ProgressServer,
     RankFailure,
     report_failure,
 )
+from svc_trainer.plan import Hyperparams, RunSpec, StopReason, TrialError
 
 SPEC = RunSpec(
     trial_id="s/0",

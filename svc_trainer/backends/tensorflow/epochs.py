@@ -1,9 +1,9 @@
-"""What both TensorFlow training loops (``tf_fit_loop``, ``tf_custom_loop``)
+"""What both TensorFlow training loops (``fit_loop``, ``custom_loop``)
 share: the targets they train on, the metrics an epoch reports and how they
 are scored, and how often a loop asks its channel for a stop.
 
 Scores are computed in NumPy batches in the chief's process, not by Keras'
-``evaluate`` (see ``tf_fit_loop.train_fit``).
+``evaluate`` (see ``fit_loop.train_fit``).
 """
 
 from __future__ import annotations

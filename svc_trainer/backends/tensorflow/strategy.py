@@ -10,10 +10,11 @@ chief is this process (``local_role``).
 
 from __future__ import annotations
 
-from svc_trainer import tf_cluster, tf_models
+from svc_trainer.backends.tensorflow import cluster as tf_cluster
+from svc_trainer.backends.tensorflow import models as tf_models
+from svc_trainer.backends.tensorflow.cluster import Role
+from svc_trainer.backends.tensorflow.epochs import metric_names
 from svc_trainer.plan import DataSplits, RunSpec, TrialError, check_replicas_fit
-from svc_trainer.tf_cluster import Role
-from svc_trainer.tf_epochs import metric_names
 
 ONE_DEVICE = "one_device"
 MIRRORED = "mirrored"

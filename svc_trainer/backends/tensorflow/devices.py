@@ -3,7 +3,7 @@ strategy over them.
 
 ``configure`` sets what is process-wide (visible GPUs, threads, logical CPU
 devices, the precision policy, seeds) and must run before the runtime
-starts; ``distribution`` then builds the strategy object ``tf_strategy``
+starts; ``distribution`` then builds the strategy object ``strategy``
 named, on those devices and this process's cluster ``Role``.
 """
 
@@ -13,9 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.log import get_logger
+from svc_trainer.backends.tensorflow.cluster import Role
+from svc_trainer.backends.tensorflow.strategy import (
+    CENTRAL_STORAGE,
+    MIRRORED,
+    MULTI_WORKER,
+    ONE_DEVICE,
+)
 from svc_trainer.plan import RunSpec
-from svc_trainer.tf_cluster import Role
-from svc_trainer.tf_strategy import CENTRAL_STORAGE, MIRRORED, MULTI_WORKER, ONE_DEVICE
 
 log = get_logger("svc_trainer")
 

@@ -6,7 +6,7 @@ rank's RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT::
 
     torchrun --nnodes 2 --nproc-per-node 4 \\
         --rdzv-backend c10d --rdzv-endpoint HOST:29400 --rdzv-id STUDY-TRIAL \\
-        -m svc_trainer.torch_launch trial.json --out s3://bucket/runs/STUDY-TRIAL
+        -m svc_trainer.backends.torch.torchrun trial.json --out s3://bucket/runs/STUDY-TRIAL
 
 ``trial.json`` is a ``TrialRequested`` in protobuf JSON (what the tuner
 publishes; ``aistack study`` shows them). Rank 0 checkpoints every epoch into
@@ -80,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     die_with_parent()
 
     from svc_trainer import data as datasets
-    from svc_trainer import torch_ddp, torch_runner
+    from svc_trainer.backends.torch import ddp as torch_ddp
+    from svc_trainer.backends.torch import runner as torch_runner
 
     request = json_format.Parse(args.trial.read_text(), tuning_pb2.TrialRequested())
     store = ArtifactStore(args.out)

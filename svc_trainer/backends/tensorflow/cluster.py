@@ -6,16 +6,16 @@ process is the chief (``multi_worker_mirrored``: worker 0; ``parameter_server``:
 the coordinator) and, when the trial names no cluster of its own, starts the
 other tasks here as child processes on free localhost ports:
 
-- ``python -m svc_trainer.tf_cluster worker --job DIR``: a MultiWorkerMirrored
+- ``python -m svc_trainer.backends.tensorflow.cluster worker --job DIR``: a MultiWorkerMirrored
   worker. It trains the same model on its shard of the data (``DIR`` holds the
   spec and the data, written by the chief) and reports nothing.
-- ``python -m svc_trainer.tf_cluster server``: a ``tf.distribute.Server`` (a
+- ``python -m svc_trainer.backends.tensorflow.cluster server``: a ``tf.distribute.Server`` (a
   parameter server, or a worker the coordinator schedules steps on).
 
 Both read their task from ``TF_CONFIG``. On the other hosts of a multi-node
 cluster (``spec.tf_config``), ``server`` runs a ps or worker task of a
 parameter-server cluster as is; a MultiWorkerMirrored worker there is a
-trainer calling ``tf_runner.run`` with a tf_config naming its own (non-chief)
+trainer calling ``runner.run`` with a tf_config naming its own (non-chief)
 task. Children never outlive the chief: ``LocalCluster`` terminates them when
 it closes, and each child exits by itself when its parent dies (``main``
 calls ``lifetime.die_with_parent`` first: a SIGKILLed trial process runs no
@@ -41,7 +41,7 @@ import numpy as np
 
 from shared.log import configure_logging, get_logger
 from shared.ports import free_ports
-from svc_trainer.launch import LocalGroup
+from svc_trainer.backends.launch import LocalGroup
 from svc_trainer.lifetime import die_with_parent
 from svc_trainer.plan import DataSplits, Hyperparams, RunSpec, TrialError
 
@@ -190,7 +190,9 @@ class LocalCluster:
     def _start(self, task_type: str, index: int, args: list[str]) -> None:
         # The child's environment is ours plus its TF_CONFIG: it is a standard TF task.
         env = {"TF_CONFIG": self.role.for_task(task_type, index).tf_config()}
-        self._group.start_module(f"{task_type}:{index}", "svc_trainer.tf_cluster", args, env)
+        self._group.start_module(
+            f"{task_type}:{index}", "svc_trainer.backends.tensorflow.cluster", args, env
+        )
 
     def watch(self, on_failure: Callable[[str, int], None]) -> None:
         """Call ``on_failure(task, exit code)`` (once, from a thread) when a
@@ -238,7 +240,7 @@ def _serve() -> None:
 def _work(job: Path) -> None:
     import tensorflow as tf
 
-    from svc_trainer import tf_runner
+    from svc_trainer.backends.tensorflow import runner as tf_runner
 
     resolver: Any = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     cluster = {k: list(v) for k, v in resolver.cluster_spec().as_dict().items()}
@@ -248,7 +250,7 @@ def _work(job: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m svc_trainer.tf_cluster")
+    parser = argparse.ArgumentParser(prog="python -m svc_trainer.backends.tensorflow.cluster")
     parser.add_argument("mode", choices=("worker", "server"))
     parser.add_argument("--job", type=Path, help="the chief's job directory (worker)")
     args = parser.parse_args(argv)

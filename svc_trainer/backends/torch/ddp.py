@@ -20,7 +20,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
 from shared.ports import free_port
-from svc_trainer.launch import LocalGroup
+from svc_trainer.backends.launch import LocalGroup
+from svc_trainer.backends.torch.devices import device_for, use_cuda
+from svc_trainer.backends.torch.loop import Group, Loop
+from svc_trainer.backends.torch.strategy import check
 from svc_trainer.plan import (
     Channel,
     DataSplits,
@@ -29,9 +32,6 @@ from svc_trainer.plan import (
     SilentChannel,
     check_replicas_fit,
 )
-from svc_trainer.torch_devices import device_for, use_cuda
-from svc_trainer.torch_loop import Group, Loop
-from svc_trainer.torch_strategy import check
 
 _DDP_TIMEOUT = timedelta(minutes=5)
 # After rank 0's run, the other ranks get this long to exit by themselves,

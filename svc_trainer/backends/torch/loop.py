@@ -19,7 +19,8 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from shared.log import get_logger
-from svc_trainer import torch_models
+from svc_trainer.backends.torch import models as torch_models
+from svc_trainer.backends.torch.devices import autocast_for, data_placement, free_memory
 from svc_trainer.plan import (
     TASK_CLASSIFICATION,
     Channel,
@@ -32,7 +33,6 @@ from svc_trainer.plan import (
     learning_rate,
     regression_metrics,
 )
-from svc_trainer.torch_devices import autocast_for, data_placement, free_memory
 
 log = get_logger("svc_trainer")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from svc_trainer import torch_models
+from svc_trainer.backends.torch import models as torch_models
 from svc_trainer.plan import (
     TASK_CLASSIFICATION,
     DataSplits,

@@ -13,16 +13,16 @@
   batch. More ranks than GPUs is refused before any rank starts
   (``plan.check_replicas_fit``). With ``task.options.launcher: spark`` the
   ranks run as Spark barrier tasks instead, through TorchDistributor
-  (``torch_spark``); the trial reports, checkpoints and exports the same.
+  (``backends.torch.spark``); the trial reports, checkpoints and exports the same.
 - ``model_parallel``: the network's layers split over two devices (two GPUs
   when present, else two CPU stages), activations moved between them.
 
 On a GPU the training split is copied to the device once when it fits (see
-``torch_devices.data_placement``), else batches travel from pinned host memory.
+``devices.data_placement``), else batches travel from pinned host memory.
 
-This module composes the runner: ``torch_strategy`` (names, checks),
-``torch_devices`` (devices, ``TwoStage``, mixed precision), ``torch_loop``
-(one process's loop and checkpoints), ``torch_ddp`` (the ranks, started
+This module composes the runner: ``strategy`` (names, checks),
+``devices`` (devices, ``TwoStage``, mixed precision), ``loop``
+(one process's loop and checkpoints), ``backends.torch.ddp`` (the ranks, started
 through ``launch``).
 """
 
@@ -37,7 +37,13 @@ import torch
 from torch import nn
 
 from shared.artifacts import TORCH_EXPORT_FILE
-from svc_trainer import torch_models, trials
+from svc_trainer import trials
+from svc_trainer.backends.torch import models as torch_models
+from svc_trainer.backends.torch.ddp import ddp
+from svc_trainer.backends.torch.devices import TwoStage, device_for, two_devices
+from svc_trainer.backends.torch.loop import Loop
+from svc_trainer.backends.torch.spark import ddp_on_spark
+from svc_trainer.backends.torch.strategy import check, strategy_of
 from svc_trainer.plan import (
     TASK_CLASSIFICATION,
     Channel,
@@ -46,11 +52,6 @@ from svc_trainer.plan import (
     RunSpec,
     StopReason,
 )
-from svc_trainer.torch_ddp import ddp
-from svc_trainer.torch_devices import TwoStage, device_for, two_devices
-from svc_trainer.torch_loop import Loop
-from svc_trainer.torch_spark import ddp_on_spark
-from svc_trainer.torch_strategy import check, strategy_of
 
 
 def run(spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:

@@ -16,7 +16,17 @@ from typing import Any
 import numpy as np
 
 from shared.log import get_logger
-from svc_trainer import tf_models
+from svc_trainer.backends.tensorflow import models as tf_models
+from svc_trainer.backends.tensorflow.checkpoints import Checkpoints
+from svc_trainer.backends.tensorflow.cluster import Role
+from svc_trainer.backends.tensorflow.epochs import (
+    STOP_CHECK_INTERVAL_S,
+    epoch_metrics,
+    evaluate_local,
+    scored_test_metrics,
+    targets,
+)
+from svc_trainer.backends.tensorflow.strategy import PARAMETER_SERVER
 from svc_trainer.plan import (
     TASK_CLASSIFICATION,
     Channel,
@@ -26,16 +36,6 @@ from svc_trainer.plan import (
     StopReason,
     learning_rate,
 )
-from svc_trainer.tf_checkpoints import Checkpoints
-from svc_trainer.tf_cluster import Role
-from svc_trainer.tf_epochs import (
-    STOP_CHECK_INTERVAL_S,
-    epoch_metrics,
-    evaluate_local,
-    scored_test_metrics,
-    targets,
-)
-from svc_trainer.tf_strategy import PARAMETER_SERVER
 
 log = get_logger("svc_trainer")
 

@@ -2,14 +2,14 @@
 
 Both frameworks start their local workers here: TensorFlow's cluster tasks
 as ``python -m MODULE`` commands, each with an environment of its own
-(``TF_CONFIG``; ``tf_cluster``), and PyTorch's DDP ranks as functions in a
-multiprocessing context (``torch_ddp``). Ports come from ``shared.ports``.
+(``TF_CONFIG``; ``backends.tensorflow.cluster``), and PyTorch's DDP ranks as functions in a
+multiprocessing context (``backends.torch.ddp``). Ports come from ``shared.ports``.
 Whichever way a worker starts:
 
 - it dies with the process that started it (``lifetime.die_with_parent``: a
   SIGKILLed trial process runs no cleanup). A function worker gets it here,
   before its target runs; a module worker calls it first thing in its
-  ``main``, as ``tf_cluster`` does (a ``preexec_fn`` is not safe in a
+  ``main``, as ``backends.tensorflow.cluster`` does (a ``preexec_fn`` is not safe in a
   process that runs threads, and TensorFlow's do);
 - ``watch`` reports the first worker that exits with an error while the
   group is open, so a synchronous strategy need not wait for it forever;
@@ -39,7 +39,7 @@ log = get_logger("svc_trainer")
 # A worker gets this long to exit on SIGTERM before SIGKILL.
 TERMINATE_GRACE_S = 5.0
 WATCH_INTERVAL_S = 0.5
-_PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Process(Protocol):

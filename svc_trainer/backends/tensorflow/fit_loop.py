@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any, cast
 
 from shared.log import get_logger
-from svc_trainer import tf_models
-from svc_trainer.plan import Channel, DataSplits, RunResult, RunSpec, StopReason, learning_rate
-from svc_trainer.tf_checkpoints import Checkpoints
-from svc_trainer.tf_epochs import (
+from svc_trainer.backends.tensorflow import models as tf_models
+from svc_trainer.backends.tensorflow.checkpoints import Checkpoints
+from svc_trainer.backends.tensorflow.epochs import (
     STOP_CHECK_INTERVAL_S,
     epoch_metrics,
     evaluate_local,
     scored_test_metrics,
     targets,
 )
+from svc_trainer.plan import Channel, DataSplits, RunResult, RunSpec, StopReason, learning_rate
 
 log = get_logger("svc_trainer")
 

@@ -1,10 +1,10 @@
 """A ``ddp`` trial's ranks as Spark barrier tasks, through Spark's
 TorchDistributor (``task.options.launcher: spark``).
 
-``ddp_on_spark`` runs ``torch_ddp.ddp_world_size(spec)`` ranks, one barrier
+``ddp_on_spark`` runs ``ddp.ddp_world_size(spec)`` ranks, one barrier
 task each (``TorchDistributor(local_mode=False)``, so ``local[N]`` and a
 cluster take the same path: each task starts torchrun for one process, and
-every rank trains through ``torch_ddp.train_under_launcher``). The
+every rank trains through ``ddp.train_under_launcher``). The
 SparkSession is built from ``spec.spark`` (the trainer's ``AISTACK_SPARK_*``)
 by the first such trial and kept for the executor's life: a start costs
 seconds.
@@ -44,15 +44,15 @@ from torch import nn
 
 from shared.settings import SparkSettings
 from shared.spark_session import session as spark_session
-from svc_trainer.plan import Channel, DataSplits, RunResult, RunSpec, TrialError
-from svc_trainer.spark_channel import (
+from svc_trainer.backends.spark_channel import (
     DriverAddress,
     DriverChannel,
     ProgressServer,
     RankFailure,
     report_failure,
 )
-from svc_trainer.torch_ddp import ddp_world_size, train_under_launcher
+from svc_trainer.backends.torch.ddp import ddp_world_size, train_under_launcher
+from svc_trainer.plan import Channel, DataSplits, RunResult, RunSpec, TrialError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -12,7 +12,7 @@ Strategies (``spec.strategy``):
   devices; Keras ``model.fit``.
 - ``multi_worker_mirrored``: synchronous data parallelism over ``world_size``
   (default: one per GPU, else 2) worker processes: this process is worker 0,
-  the others are started by ``tf_cluster`` on free localhost ports (or
+  the others are started by ``backends.tensorflow.cluster`` on free localhost ports (or
   ``spec.tf_config`` names a multi-node cluster). RING collectives on CPUs;
   NCCL on GPUs, one GPU per worker (more workers than GPUs is refused). At the
   end of each epoch the chief's stop decision is all-reduced, so every worker
@@ -30,11 +30,11 @@ exports. ``train`` is ``run`` without the export; it returns the trained
 Keras model, which outputs logits (classification) or the prediction
 (regression) — the export adds the softmax.
 
-This module composes the runner from one module per job: ``tf_strategy``
-(strategy names, the checks, the cluster roles), ``tf_devices`` (device
-set-up, the ``tf.distribute`` strategy), ``tf_fit_loop`` and
-``tf_custom_loop`` (the two training loops, sharing ``tf_epochs``),
-``tf_checkpoints``, ``tf_export``; ``tf_cluster`` runs the other processes.
+This module composes the runner from one module per job: ``strategy``
+(strategy names, the checks, the cluster roles), ``devices`` (device
+set-up, the ``tf.distribute`` strategy), ``fit_loop`` and
+``custom_loop`` (the two training loops, sharing ``epochs``),
+``checkpoints``, ``export``; ``backends.tensorflow.cluster`` runs the other processes.
 """
 
 from __future__ import annotations
@@ -48,21 +48,12 @@ from typing import Any
 import numpy as np
 
 from shared.log import get_logger
-from svc_trainer.plan import (
-    Channel,
-    DataSplits,
-    RunResult,
-    RunSpec,
-    SilentChannel,
-    StopReason,
-    TrialError,
-)
-from svc_trainer.tf_cluster import LocalCluster, Role
-from svc_trainer.tf_custom_loop import train_custom
-from svc_trainer.tf_devices import configure, distribution
-from svc_trainer.tf_export import EXPORT_FORMAT, export
-from svc_trainer.tf_fit_loop import train_fit
-from svc_trainer.tf_strategy import (
+from svc_trainer.backends.tensorflow.cluster import LocalCluster, Role
+from svc_trainer.backends.tensorflow.custom_loop import train_custom
+from svc_trainer.backends.tensorflow.devices import configure, distribution
+from svc_trainer.backends.tensorflow.export import EXPORT_FORMAT, export
+from svc_trainer.backends.tensorflow.fit_loop import train_fit
+from svc_trainer.backends.tensorflow.strategy import (
     CENTRAL_STORAGE,
     LOCAL_STRATEGIES,
     MIRRORED,
@@ -72,6 +63,15 @@ from svc_trainer.tf_strategy import (
     given_role,
     local_role,
     strategy_of,
+)
+from svc_trainer.plan import (
+    Channel,
+    DataSplits,
+    RunResult,
+    RunSpec,
+    SilentChannel,
+    StopReason,
+    TrialError,
 )
 
 log = get_logger("svc_trainer")
@@ -132,7 +132,7 @@ def train(spec: RunSpec, data: DataSplits, channel: Channel) -> tuple[RunResult,
 
 def train_as(role: Role, spec: RunSpec, data: DataSplits, scratch: Path) -> None:
     """A non-chief MultiWorkerMirrored worker's part of ``train`` (run by
-    ``tf_cluster``): same model and steps, silent; its throw-away checkpoints
+    ``backends.tensorflow.cluster``): same model and steps, silent; its throw-away checkpoints
     go to ``scratch`` (inside the chief's job directory, which the chief
     removes even when this worker was killed)."""
     _train(spec, data, SilentChannel(), strategy_of(spec), role, scratch)

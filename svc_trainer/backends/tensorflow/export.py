@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.log import get_logger
-from svc_trainer import tf_models
+from svc_trainer.backends.tensorflow import models as tf_models
 from svc_trainer.plan import TASK_CLASSIFICATION, DataSplits, RunSpec, TensorSig
 
 log = get_logger("svc_trainer")

@@ -1,0 +1,1 @@
+"""svc_trainer's PyTorch runner (``runner``) and what it is made of."""
