@@ -87,7 +87,7 @@ test-integration: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy shared compose loadgen svc_ingest svc_transform svc_tuner svc_trainer svc_model svc_score svc_monitor bench
+	$(VENV)/bin/mypy shared aistack compose loadgen svc_ingest svc_transform svc_tuner svc_trainer svc_model svc_score svc_monitor bench
 
 # Every strategy on the GPUs, and the trainer against a plain loop; on a
 # machine without a GPU it says so and exits 0.

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from aistack.studies import load_spec
 from bench.harness import (
     child_env,
     kafka_settings,
@@ -24,7 +25,6 @@ from bench.harness import (
     redis_settings,
     spawn,
 )
-from compose.study import load_spec
 from shared.bus.producer import BusProducer
 from shared.bus.topics import TopicSpec, ensure_topics
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api

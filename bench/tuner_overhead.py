@@ -59,9 +59,9 @@ from pathlib import Path
 
 import optuna
 
+from aistack.studies import load_spec
 from bench.harness import print_ratio
 from bench.services import TunerUnderTest, run_study
-from compose.study import load_spec
 from shared.bus.consumer import BusConsumer
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import tuning_pb2

@@ -30,15 +30,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from aistack.studies import describe_trial, load_spec
 from bench.harness import ROOT, print_ratio
 from bench.services import Trainers, TunerUnderTest
 from compose import kfold
-from compose.study import (
-    cross_validation_spec,
-    describe_trial,
-    fold_errors,
-    load_spec,
-)
+from compose.study import cross_validation_spec, fold_errors
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 from shared.rpc.client import open_channel

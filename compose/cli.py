@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from compose import demo, predict, study
+from compose import demo, models, predict, study
 from shared.errors import AistackError
 from shared.settings import load_settings
 
@@ -154,8 +154,8 @@ def _score(args: argparse.Namespace) -> int:
 def _lineage(args: argparse.Namespace) -> int:
     import json
 
-    from compose import lineage
-    from compose.settings import LineageSettings
+    from aistack import lineage
+    from aistack.settings import LineageSettings
 
     try:
         tree = lineage.trace(load_settings(LineageSettings), args.target)
@@ -239,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lineage.add_argument("--json", action="store_true", help="the tree as JSON")
     lineage.set_defaults(run=_lineage)
     study.add_parser(commands)
+    models.add_parser(commands)
     predict.add_parser(commands)
     demo.add_parser(commands)
     args = parser.parse_args(argv)

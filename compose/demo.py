@@ -279,7 +279,7 @@ class Demo:
         return cross_validation_spec(digits_spec, name, params, self.args.folds)
 
     def _spec(self, file: str) -> Any:
-        from compose.study import load_spec
+        from aistack.studies import load_spec
 
         spec = load_spec((STUDIES / file).read_text())
         spec.name = f"{spec.name}-{self.run_id}"
@@ -337,7 +337,7 @@ class Demo:
         counts = ", ".join(f"{state} {n}" for state, n in sorted(outcome.counts.items()))
         self.summary.add(f"{label} trials", counts or "none")
         if outcome.best is not None:
-            from compose.study import describe_trial
+            from aistack.studies import describe_trial
 
             self.summary.add(f"{label} best", describe_trial(outcome.best))
 

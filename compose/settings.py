@@ -6,38 +6,18 @@ study``). The only module of ``compose`` that reads the environment.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import NamedTuple
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.bus.topics import MODELS_READY, PREDICTIONS
-from shared.settings import CommonSettings, ServiceSettings
+from shared.settings import CommonSettings
 
 
 def inherited_environment() -> dict[str, str]:
     """A copy of this process's environment, which the services the stack
     starts inherit (PATH, JAVA_HOME, the user's own ``AISTACK_*`` tuning)."""
     return dict(os.environ)
-
-
-class StudyClientSettings(BaseSettings):
-    """``aistack study``: where svc_tuner answers and how to reach it.
-
-    The names are svc_tuner's own (``AISTACK_TUNER_*``) where both sides need
-    the value: the token the tuner checks is the one the client sends.
-    """
-
-    # An empty variable means unset, as for a shell's ${VAR:-default}.
-    model_config = SettingsConfigDict(
-        env_prefix="AISTACK_TUNER_", frozen=True, extra="ignore", env_ignore_empty=True
-    )
-
-    target: str = "localhost:50051"
-    # A CA file: the client then connects with TLS.
-    tls_ca_file: Path | None = None
-    auth_token: SecretStr | None = None
 
 
 class InfraSettings(BaseSettings):
@@ -163,14 +143,3 @@ class StackSettings(BaseSettings):
                 )
             )
         return uses
-
-
-class LineageSettings(ServiceSettings):
-    model_config = SettingsConfigDict(env_prefix="AISTACK_LINEAGE_", frozen=True, extra="ignore")
-
-    predictions_topic: str = PREDICTIONS
-    models_topic: str = MODELS_READY
-    # How long reading one topic to its end may take.
-    timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
-    # How many raw records each branch prints.
-    raw_shown: int = Field(default=3, ge=0, le=100)

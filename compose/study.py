@@ -2,7 +2,9 @@
 svc_tuner.
 
 A client of ``aistack.v1.TunerService`` over gRPC; the tuner validates specs
-(an invalid one comes back as INVALID_ARGUMENT naming the field).
+(an invalid one comes back as INVALID_ARGUMENT naming the field). What a spec
+is and how a study reads in words are ``aistack.studies``'s, shared with the
+Python client.
 """
 
 from __future__ import annotations
@@ -10,38 +12,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
 import grpc
-import yaml
 from google.protobuf import json_format
 
-from compose.settings import StudyClientSettings
+from aistack.settings import ClientSettings, TunerClientSettings
+from aistack.studies import (
+    describe_replay,
+    describe_study,
+    describe_trial,
+    load_spec,
+    progress_line,
+    ship_code,
+    with_code,
+)
 from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
-from shared.errors import InvalidArgument
 from shared.rpc.client import open_channel
 from shared.settings import load_settings
 
 BAR_WIDTH = 24
-
-
-def load_spec(text: str) -> tuning_pb2.StudySpec:
-    """A StudySpec from YAML or JSON text (field names as in the proto, or camelCase)."""
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise InvalidArgument(f"spec is not YAML or JSON: {error}") from error
-    if not isinstance(document, dict):
-        raise InvalidArgument("spec must be a mapping of StudySpec fields")
-    try:
-        return json_format.ParseDict(document, tuning_pb2.StudySpec())
-    except json_format.ParseError as error:
-        raise InvalidArgument(f"spec does not match StudySpec: {error}") from error
 
 
 def cross_validation_spec(
@@ -88,9 +82,9 @@ def fold_errors(trials: Iterable[api.Trial], folds: int) -> list[float]:
 
 def add_parser(commands: Any) -> None:
     study = commands.add_parser("study", help="hyperparameter studies on svc_tuner")
-    # Their defaults are StudyClientSettings', read when the command runs: a
+    # Their defaults are TunerClientSettings', read when the command runs: a
     # bad AISTACK_TUNER_* then fails `aistack study` alone, naming the variable.
-    default_target = StudyClientSettings.model_fields["target"].default
+    default_target = TunerClientSettings.model_fields["target"].default
     study.add_argument(
         "--tuner",
         help=f"svc_tuner's address (AISTACK_TUNER_TARGET, default {default_target})",
@@ -99,6 +93,12 @@ def add_parser(commands: Any) -> None:
     actions = study.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="create a study from a YAML or JSON spec")
     create.add_argument("-f", "--file", required=True, help="the spec; - for standard input")
+    create.add_argument(
+        "--code",
+        metavar="DIR",
+        help="ship this directory with the study: packed, stored in the artifact store "
+        "(AISTACK_TRAINER_ARTIFACT_ROOT) under its sha256, imported by the trainers",
+    )
     create.add_argument("--watch", action="store_true", help="then watch it to the end")
     for name, text in (
         ("watch", "follow a study's trials live until it ends"),
@@ -119,7 +119,7 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return asyncio.run(_run(args, load_settings(StudyClientSettings)))
+    return asyncio.run(_run(args, load_settings(TunerClientSettings)))
 
 
 class TunerConnection(NamedTuple):
@@ -128,7 +128,7 @@ class TunerConnection(NamedTuple):
     token: str | None
 
 
-def tuner_connection(args: argparse.Namespace, settings: StudyClientSettings) -> TunerConnection:
+def tuner_connection(args: argparse.Namespace, settings: TunerClientSettings) -> TunerConnection:
     """Where and how to reach svc_tuner: the flags, else the settings."""
     return TunerConnection(
         args.tuner or settings.target,
@@ -137,7 +137,7 @@ def tuner_connection(args: argparse.Namespace, settings: StudyClientSettings) ->
     )
 
 
-async def _run(args: argparse.Namespace, settings: StudyClientSettings) -> int:
+async def _run(args: argparse.Namespace, settings: TunerClientSettings) -> int:
     target, ca_file, token = tuner_connection(args, settings)
     async with open_channel(target, tls_ca_file=ca_file, token=token) as channel:
         stub = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -151,7 +151,12 @@ async def _run(args: argparse.Namespace, settings: StudyClientSettings) -> int:
 async def _dispatch(stub: TunerServiceStub, args: argparse.Namespace) -> int:
     if args.action == "create":
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-        response = await stub.CreateStudy(api.CreateStudyRequest(spec=load_spec(text)))
+        spec = load_spec(text)
+        if args.code:
+            package = ship_code(Path(args.code), load_settings(ClientSettings).artifact_root())
+            spec = with_code(spec, package)
+            print(f"code {package.name}: sha256 {package.sha256}, {package.size_bytes} bytes")
+        response = await stub.CreateStudy(api.CreateStudyRequest(spec=spec))
         verb = "created" if response.created else "exists (same spec)"
         print(f"study {response.study.study_id} {verb}")
         if args.watch:
@@ -175,7 +180,8 @@ async def _dispatch(stub: TunerServiceStub, args: argparse.Namespace) -> int:
         print(f"study {args.study_id}: {api.StudyState.Name(stopped.study.state)}")
         return 0
     shown = await stub.GetStudy(api.GetStudyRequest(study_id=args.study_id))
-    print(describe_study(shown.study))
+    listed = await stub.ListTrials(api.ListTrialsRequest(study_id=args.study_id))
+    print(describe_study(shown.study, listed.trials))
     return 0
 
 
@@ -195,75 +201,8 @@ async def watch(stub: TunerServiceStub, study_id: str, out: TextIO) -> int:
     if live:
         out.write("\n")
     out.write(f"study {study_id}: {api.StudyState.Name(state)}\n")
+    if state == api.STUDY_STATE_FAILED:
+        shown = (await stub.GetStudy(api.GetStudyRequest(study_id=study_id))).study
+        out.write(f"failed: {shown.error}\n")
+        return 1
     return 0
-
-
-def progress_line(trials: Any, total: int, maximize: bool) -> str:
-    """``[#####.....] 5/16  requested 1  running 3  completed 5 ... best 0.0123 (trial 4)``."""
-    listed = list(trials)
-    counts = Counter(
-        api.TrialState.Name(t.state).removeprefix("TRIAL_STATE_").lower() for t in listed
-    )
-    finished = sum(counts[s] for s in ("completed", "pruned", "failed", "quarantined"))
-    filled = round(BAR_WIDTH * finished / total) if total else 0
-    bar = "#" * filled + "." * (BAR_WIDTH - filled)
-    parts = [f"[{bar}] {finished}/{total}"]
-    for name in ("requested", "running", "completed", "pruned", "failed", "quarantined"):
-        parts.append(f"{name} {counts[name]}")
-    done = [t for t in listed if t.state == api.TRIAL_STATE_COMPLETED and t.HasField("value")]
-    if done:
-        best = (max if maximize else min)(done, key=lambda t: t.value)
-        parts.append(f"best {best.value:.6g} (trial {best.number})")
-    return "  ".join(parts)
-
-
-def describe_trial(trial: api.Trial) -> str:
-    params = ", ".join(
-        f"{name}={getattr(v, v.WhichOneof('kind') or 'float_value')}"
-        for name, v in sorted(trial.params.items())
-    )
-    value = f"{trial.value:.6g}" if trial.HasField("value") else "-"
-    state = api.TrialState.Name(trial.state).removeprefix("TRIAL_STATE_").lower()
-    return f"trial {trial.number} ({state}): value {value}; {params}"
-
-
-def describe_study(study: api.Study) -> str:
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(study.trial_counts.items())) or "no trials"
-    lines = [f"study {study.study_id}: {api.StudyState.Name(study.state)}; {counts}"]
-    if study.HasField("best_trial"):
-        lines.append("best: " + describe_trial(study.best_trial))
-    return "\n".join(lines)
-
-
-def describe_replay(replayed: api.ReplayStudyResponse) -> list[str]:
-    """One line per trial (its logged parameters, and the replayed ones where
-    they differ), then the verdict."""
-    lines = []
-    for trial in replayed.trials:
-        state = api.TrialState.Name(trial.state).removeprefix("TRIAL_STATE_").lower()
-        how = "enqueued" if trial.enqueued else "sampled"
-        logged = _params(trial.logged_params)
-        if trial.matches:
-            lines.append(f"trial {trial.number} ({state}, {how}): logged = replayed: {logged}")
-        else:
-            replayed_params = _params(trial.replayed_params)
-            lines.append(
-                f"trial {trial.number} ({state}, {how}): logged {logged} != replayed "
-                f"{replayed_params}"
-            )
-    differ = [str(t.number) for t in replayed.trials if not t.matches]
-    if replayed.identical:
-        verdict = f"identical: {len(replayed.trials)} trials proposed as logged"
-    else:
-        verdict = f"differs: trials {', '.join(differ)} proposed otherwise than logged"
-    lines.append(f"study {replayed.study_id}: replay {verdict}")
-    return lines
-
-
-def _params(params: Mapping[str, common_pb2.ParamValue]) -> str:
-    return ", ".join(f"{name}={_value(value)!r}" for name, value in sorted(params.items())) or "-"
-
-
-def _value(value: common_pb2.ParamValue) -> Any:
-    kind = value.WhichOneof("kind")
-    return None if kind is None else getattr(value, kind)

@@ -128,6 +128,20 @@ class ArtifactStore:
             self._fs.put(str(local), target, recursive=True)
         return self.uri(key)
 
+    def put_bytes(self, data: bytes, key: str) -> str:
+        """Write ``data`` as the file ``key``, replacing it, never half
+        written (a local store writes a sibling and renames it; an object
+        store writes an object whole); returns its URI."""
+        target = self.path(key)
+        if self.local:
+            Path(target).parent.mkdir(parents=True, exist_ok=True)
+            partial = Path(f"{target}.partial-{os.getpid()}")
+            partial.write_bytes(data)
+            os.replace(partial, target)
+        else:
+            self._fs.pipe_file(target, data)
+        return self.uri(key)
+
     def get_dir(self, key: str, local: Path) -> bool:
         """Copy ``key`` into ``local`` (replacing it); False when absent."""
         source = self.path(key)

@@ -28,6 +28,8 @@ def build_worker(settings: TrainerSettings) -> Worker:
         cached_datasets=settings.cached_datasets,
         log_level=settings.common.log_level,
         log_format=settings.common.log_format,
+        code_executors=settings.code_executors,
+        crash_dir=settings.work_dir() / "crashes",
     )
     producer = BusProducer(settings.kafka, source=SERVICE)
     return Worker(settings, producer, TrainerMetrics.create(), executors)

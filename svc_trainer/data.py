@@ -1,11 +1,16 @@
 """The trainer's datasets, in fixed, seeded train/validation/test splits.
 
-``load(dataset, options, seed=..., features_path=...)`` knows three datasets:
+``load(dataset, options, seed=..., features_path=...)`` knows four datasets
+and the user's loaders:
 
 * ``digits``: scikit-learn's 8x8 digits (shipped with scikit-learn, no download).
 * ``mnist``: the four standard IDX files in ``options["path"]``.
 * ``features``: next-window forecasting on svc_transform's Parquet offline store
   (``svc_trainer.feature_data``).
+* ``table``: a user's Parquet or CSV table (``svc_trainer.table_data``).
+* ``package.module:function``: a loader of the user's
+  (``svc_trainer.user_code.loaders``).
+* ``""``: no data, for a training loop of the user's that reads its own.
 
 Every split is a pure function of the files, the options and the seed: the
 same inputs give byte-identical arrays, and the seed only changes which rows
@@ -19,17 +24,25 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from svc_trainer.dataset_options import BAD_DATASET, VERSION_CHARS, fraction_option, int_option
+from shared import code_refs
+from svc_trainer import table_data
+from svc_trainer.dataset_options import (
+    BAD_DATASET,
+    VERSION_CHARS,
+    digest_arrays,
+    fraction_option,
+    int_option,
+    stratified_split,
+)
 from svc_trainer.feature_data import load_features
 from svc_trainer.idx import read_idx
 from svc_trainer.plan import TASK_CLASSIFICATION, DataSplits, TrialError
 
-DATASETS = ("digits", "mnist", "features")
+DATASETS = ("digits", "mnist", "features", "table")
 
 #: The standard MNIST file names (each may also be gzipped, ``.gz``).
 MNIST_FILES = {
@@ -52,7 +65,8 @@ def load(
     ``features_path`` is the offline store to use when ``options`` names no
     ``path`` (the trainer passes svc_transform's offline path). Raises
     TrialError: reason "unknown_dataset" for a name not in DATASETS,
-    "bad_dataset" for missing or malformed data or bad options.
+    "bad_dataset" for missing or malformed data or bad options; a user's
+    loader that cannot be imported or fails, as ``user_code.loaders`` says.
     """
     if dataset == "digits":
         return _digits(seed)
@@ -60,16 +74,41 @@ def load(
         return _mnist(options, seed)
     if dataset == "features":
         return load_features(options, features_path)
+    if dataset == table_data.NAME:
+        return table_data.load_table(options, seed)
+    if code_refs.is_ref(dataset):
+        from svc_trainer.user_code.loaders import load_with
+
+        return load_with(dataset, options, seed)
+    if not dataset:
+        return NO_DATA
     raise TrialError(
-        f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}", reason="unknown_dataset"
+        f"unknown dataset {dataset!r}; known: {', '.join(DATASETS)}, or a loader "
+        "package.module:function",
+        reason="unknown_dataset",
     )
 
+
+#: What a training loop of the user's that reads its own data gets.
+_NOTHING = np.empty((0,), dtype=np.float32)
+NO_DATA = DataSplits(
+    name="",
+    version="",
+    task="",
+    x_train=_NOTHING,
+    y_train=_NOTHING,
+    x_val=_NOTHING,
+    y_val=_NOTHING,
+    x_test=_NOTHING,
+    y_test=_NOTHING,
+)
 
 #: The options each dataset reads (the others do not change what it loads).
 DATA_OPTIONS: Mapping[str, tuple[str, ...]] = {
     "digits": (),
     "mnist": ("path", "limit", "val_fraction"),
-    "features": ("path", "metric", "window", "lags", "window_from", "window_to"),
+    "features": ("path", "metric", "window", "lags", "window_from", "window_to", "label"),
+    table_data.NAME: table_data.OPTIONS,
 }
 
 
@@ -80,7 +119,8 @@ def cache_key(
     dataset, the options it reads, the seed and a fingerprint of its files
     (names, sizes, modification times) or package. Equal keys, equal data,
     so an executor may keep loaded datasets by this key."""
-    read = DATA_OPTIONS.get(dataset, ())
+    # A loader may read any option.
+    read = DATA_OPTIONS.get(dataset, tuple(sorted(options)) if code_refs.is_ref(dataset) else ())
     used = tuple(f"{name}={options[name]}" for name in read if name in options)
     if dataset == "digits":
         from importlib.metadata import version
@@ -90,6 +130,8 @@ def cache_key(
         files = _files_fingerprint(options.get("path", ""), "*")
     elif dataset == "features":
         files = _files_fingerprint(options.get("path") or features_path, "**/*.parquet")
+    elif dataset == table_data.NAME:
+        files = table_data.fingerprint(options.get("path", ""))
     else:
         files = ""
     return (dataset, *used, f"seed={seed}", f"features_path={features_path}", files)
@@ -120,7 +162,13 @@ def _digits(seed: int) -> DataSplits:
     y = np.asarray(bunch.target, dtype=np.int64)
     train, val, test = stratified_split(y, DIGITS_VAL_FRACTION, DIGITS_TEST_FRACTION, seed)
     splits = (x[train], y[train], x[val], y[val], x[test], y[test])
-    return _classification("digits", splits, 10, source=f"sklearn digits {sklearn.__version__}")
+    return _classification(
+        "digits",
+        splits,
+        10,
+        source=f"sklearn digits {sklearn.__version__}",
+        split=f"stratified 60/20/20, seed {seed}",
+    )
 
 
 # -- mnist --------------------------------------------------------------------------------
@@ -150,7 +198,13 @@ def _mnist(options: Mapping[str, str], seed: int) -> DataSplits:
     # 10 digits, or more for IDX sets with more classes (EMNIST letters).
     n_classes = max(10, int(max(y_train.max(), y_test.max())) + 1)
     splits = (x_train[train], y_train[train], x_train[val], y_train[val], x_test, y_test)
-    return _classification("mnist", splits, n_classes, source=str(root))
+    return _classification(
+        "mnist",
+        splits,
+        n_classes,
+        source=str(root),
+        split=f"t10k for test, stratified {val_fraction:.3g} of train for validation, seed {seed}",
+    )
 
 
 def _mnist_files(root: Path) -> dict[str, Path]:
@@ -198,52 +252,6 @@ def _images_and_labels(
     return (images / np.float32(255.0)).astype(np.float32), labels.astype(np.int64)
 
 
-# -- classification splits ----------------------------------------------------------------
-
-
-def stratified_split(
-    y: NDArray[Any], val_fraction: float, test_fraction: float, seed: int
-) -> tuple[NDArray[np.intp], NDArray[np.intp], NDArray[np.intp]]:
-    """Row indices (train, validation, test), each ascending, covering every row once.
-
-    The validation and test splits hold round(fraction * N) rows, and every
-    class is spread over the splits in proportion, to within a row or two. Only
-    ``seed`` decides which rows of a class go where.
-    """
-    order = _stratified_order(y, seed)
-    n_test = round(test_fraction * len(y))
-    n_val = round(val_fraction * len(y))
-    if len(y) - n_test - n_val < 1 or (val_fraction > 0 and n_val < 1):
-        raise TrialError(
-            f"{len(y)} examples are too few for a {val_fraction:.3g} validation "
-            f"and {test_fraction:.3g} test split",
-            reason=BAD_DATASET,
-        )
-    test = np.sort(order[:n_test])
-    val = np.sort(order[n_test : n_test + n_val])
-    train = np.sort(order[n_test + n_val :])
-    return train, val, test
-
-
-def _stratified_order(y: NDArray[Any], seed: int) -> NDArray[np.intp]:
-    """All row indices so that every prefix holds each class in proportion.
-
-    Each row's key is its (random) rank within its class over the class's
-    size: taking the rows with the smallest keys takes the same share of
-    every class.
-    """
-    rng = np.random.default_rng(seed)
-    shuffled = rng.permutation(len(y))
-    by_class = shuffled[np.argsort(y[shuffled], kind="stable")]
-    _, starts, counts = np.unique(y[by_class], return_index=True, return_counts=True)
-    class_of = np.repeat(np.arange(len(counts)), counts)
-    rank = np.arange(len(y)) - starts[class_of]
-    key = np.empty(len(y), dtype=np.float64)
-    key[by_class] = (rank + 0.5) / counts[class_of]
-    tiebreak = rng.random(len(y))
-    return np.lexsort((tiebreak, key))
-
-
 def _classification(
     name: str,
     splits: tuple[
@@ -257,12 +265,13 @@ def _classification(
     n_classes: int,
     *,
     source: str,
+    split: str,
 ) -> DataSplits:
     """Splits ordered (x_train, y_train, x_val, y_val, x_test, y_test); the
     version is a hash of exactly these arrays."""
     return DataSplits(
         name=name,
-        version=_digest_arrays(*splits),
+        version=digest_arrays(*splits),
         task=TASK_CLASSIFICATION,
         x_train=splits[0],
         y_train=splits[1],
@@ -272,12 +281,5 @@ def _classification(
         y_test=splits[5],
         n_classes=n_classes,
         source=source,
+        split=split,
     )
-
-
-def _digest_arrays(*arrays: NDArray[Any]) -> str:
-    digest = hashlib.sha256()
-    for array in arrays:
-        digest.update(f"{array.dtype.str}{array.shape}".encode())
-        digest.update(np.ascontiguousarray(array).tobytes())
-    return digest.hexdigest()[:VERSION_CHARS]

@@ -36,8 +36,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
+import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from shared.log import get_logger
@@ -53,7 +56,7 @@ from svc_trainer.executor_events import (
     Started,
 )
 from svc_trainer.executor_process import executor_main
-from svc_trainer.plan import DataLoaded, StopReason, TrialError
+from svc_trainer.plan import CodeRef, DataLoaded, StopReason, TrialError
 
 log = get_logger("svc_trainer")
 
@@ -71,9 +74,17 @@ class Executor:
         cached_datasets: int = 4,
         log_level: str = "INFO",
         log_format: str = "json",
+        code: CodeRef | None = None,
+        crash_dir: Path | None = None,
     ) -> None:
         self.framework = framework
         self.one_shot = one_shot
+        #: The shipped code package its trials import from (None: installed code).
+        self.code = code
+        self._crash_file: Path | None = None
+        if crash_dir is not None:
+            crash_dir.mkdir(parents=True, exist_ok=True)
+            self._crash_file = crash_dir / f"executor-{uuid.uuid4().hex[:12]}.txt"
         self.trials = 0
         self.busy = False
         self.ready = False
@@ -100,6 +111,8 @@ class Executor:
                 self._beats,
                 log_level,
                 log_format,
+                code.directory if code is not None else "",
+                str(self._crash_file or ""),
             ),
             name=f"executor-{framework}{'-one-shot' if one_shot else ''}",
             daemon=False,
@@ -200,8 +213,27 @@ class Executor:
         self._process.join(timeout=30)
         self.close()
 
+    def crash_report(self, lines: int = 15) -> str:
+        """The Python stack of the thread a signal killed the process in, as
+        faulthandler wrote it, innermost frame first ("" when it wrote none)."""
+        if self._crash_file is None or not self._crash_file.is_file():
+            return ""
+        written = self._crash_file.read_text(errors="replace").splitlines()
+        head = [line for line in written[:2] if line.startswith("Fatal Python error")]
+        current = next(
+            (i for i, line in enumerate(written) if line.startswith("Current thread")), 0
+        )
+        stack: list[str] = []
+        for line in written[current:]:
+            if stack and not line.startswith("  "):
+                break  # the end of that thread's stack
+            stack.append(line)
+        return "\n".join([*head, *stack][:lines])
+
     def close(self) -> None:
         self._pipe.close()
+        if self._crash_file is not None:
+            self._crash_file.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -230,10 +262,13 @@ def replacement_reason(
 
 
 class ExecutorPool:
-    """The worker's executors: one warm executor per framework, started at
-    start-up (``warm``) or by the first trial that needs it, replaced when it
-    dies, recycled after ``limits``; and one-shot executors for the trials
-    that need a fresh process."""
+    """The worker's executors: one warm executor per framework and code
+    package (installed code has none), started at start-up (``warm``) or by
+    the first trial that needs it, replaced when it dies, recycled after
+    ``limits``; and one-shot executors for the trials that need a fresh
+    process. A new package gets an executor of its own, so no trial imports
+    another package's modules; at most ``code_executors`` of them stay warm
+    (the least recently used retires first)."""
 
     def __init__(
         self,
@@ -244,6 +279,8 @@ class ExecutorPool:
         cached_datasets: int = 4,
         log_level: str = "INFO",
         log_format: str = "json",
+        code_executors: int = 2,
+        crash_dir: Path | None = None,
     ) -> None:
         self._runners = dict(runners)
         self._limits = limits
@@ -252,8 +289,11 @@ class ExecutorPool:
             "cached_datasets": cached_datasets,
             "log_level": log_level,
             "log_format": log_format,
+            "crash_dir": crash_dir,
         }
-        self._warm: dict[str, Executor] = {}
+        self._code_executors = code_executors
+        # By (framework, package digest), the least recently used first.
+        self._warm: OrderedDict[tuple[str, str], Executor] = OrderedDict()
         self.started = 0
 
     @property
@@ -266,24 +306,39 @@ class ExecutorPool:
         for framework in frameworks:
             self.executor_for(framework)
 
-    def executor_for(self, framework: str) -> Executor:
-        """The framework's warm executor, started (or replaced) if needed."""
-        executor = self._warm.get(framework)
+    def executor_for(self, framework: str, code: CodeRef | None = None) -> Executor:
+        """The warm executor of the framework and code package, started (or
+        replaced) if needed."""
+        key = _key(framework, code)
+        executor = self._warm.get(key)
         if executor is not None and not executor.alive():
             log.warning(
                 "executor.died_idle", framework=framework, pid=executor.pid, how=executor.death()
             )
             executor.close()
+            del self._warm[key]
             executor = None
         if executor is None:
-            executor = self._start(framework, one_shot=False)
-            self._warm[framework] = executor
+            executor = self._start(framework, one_shot=False, code=code)
+            self._warm[key] = executor
+            self._retire_unused_code()
+        self._warm.move_to_end(key)
         return executor
 
-    def one_shot(self, framework: str) -> Executor:
-        return self._start(framework, one_shot=True)
+    def _retire_unused_code(self) -> None:
+        packaged = [key for key in self._warm if key[1]]
+        for key in packaged[: max(0, len(packaged) - self._code_executors)]:
+            executor = self._warm[key]
+            if executor.busy:
+                continue
+            log.info("executor.retired", framework=key[0], code=key[1][:12], pid=executor.pid)
+            del self._warm[key]
+            executor.retire()
 
-    def _start(self, framework: str, *, one_shot: bool) -> Executor:
+    def one_shot(self, framework: str, code: CodeRef | None = None) -> Executor:
+        return self._start(framework, one_shot=True, code=code)
+
+    def _start(self, framework: str, *, one_shot: bool, code: CodeRef | None) -> Executor:
         path = self._runners.get(framework)
         if path is None:
             raise TrialError(
@@ -291,8 +346,14 @@ class ExecutorPool:
                 reason="unknown_framework",
             )
         self.started += 1
-        executor = Executor(framework, path, one_shot=one_shot, **self._options)
-        log.info("executor.starting", framework=framework, pid=executor.pid, one_shot=one_shot)
+        executor = Executor(framework, path, one_shot=one_shot, code=code, **self._options)
+        log.info(
+            "executor.starting",
+            framework=framework,
+            pid=executor.pid,
+            one_shot=one_shot,
+            code=code.sha256[:12] if code is not None else "",
+        )
         return executor
 
     def trial_ended(self, executor: Executor, idle: Idle | None) -> None:
@@ -320,21 +381,23 @@ class ExecutorPool:
             executor.retire()
         else:
             executor.kill()
-        if self._warm.get(executor.framework) is executor:
-            del self._warm[executor.framework]
-            self.executor_for(executor.framework)
+        key = _key(executor.framework, executor.code)
+        if self._warm.get(key) is executor:
+            del self._warm[key]
+            self.executor_for(executor.framework, executor.code)
 
     def discard(self, executor: Executor) -> None:
         """Kill ``executor`` (a trial could not be stopped in time)."""
         executor.kill()
-        if self._warm.get(executor.framework) is executor:
-            del self._warm[executor.framework]
+        key = _key(executor.framework, executor.code)
+        if self._warm.get(key) is executor:
+            del self._warm[key]
 
     def idle_events(self, running: Executor | None) -> list[tuple[Executor, Event]]:
         """Events of the warm executors not running a trial (their Ready)."""
         return [
             (executor, event)
-            for executor in self._warm.values()
+            for executor in list(self._warm.values())
             if executor is not running
             for event in executor.events(timeout=0)
         ]
@@ -343,6 +406,10 @@ class ExecutorPool:
         for executor in self._warm.values():
             executor.retire()
         self._warm.clear()
+
+
+def _key(framework: str, code: CodeRef | None) -> tuple[str, str]:
+    return framework, code.sha256 if code is not None else ""
 
 
 __all__ = [

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from svc_trainer.plan import DataLoaded, DataRequest, RunResult, RunSpec
+from svc_trainer.plan import DataLoaded, DataRequest, RunResult, RunSpec, TrialError
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,20 @@ class Failed:
     message: str
     # False when the configuration is at fault (the tuner quarantines it).
     retryable: bool
+    # The last lines of the traceback that explains it.
+    traceback: str = ""
+    # The study's code, data or settings are at fault: the tuner ends the study.
+    fatal_to_study: bool = False
+
+    @classmethod
+    def of(cls, error: TrialError) -> Failed:
+        return cls(
+            error.reason,
+            str(error),
+            error.retryable,
+            traceback=error.traceback,
+            fatal_to_study=error.fatal_to_study,
+        )
 
 
 @dataclass(frozen=True)

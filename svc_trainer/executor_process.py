@@ -4,6 +4,7 @@ jobs the worker sends, one at a time, answering with ``executor_events``."""
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import os
 import resource
@@ -87,12 +88,28 @@ def executor_main(
     beats: Any,
     log_level: str,
     log_format: str,
+    code_dir: str = "",
+    crash_file: str = "",
 ) -> None:
     """The executor process (``Executor`` starts it): warm up, then one
     ``Job`` at a time until ``None``, EOF, a one-shot's trial or a trial
-    that needs a fresh process."""
+    that needs a fresh process.
+
+    ``code_dir``: a shipped code package (unpacked and verified by the
+    worker) that this executor's trials import from, first on the path of
+    this process and of every process it starts. ``crash_file``: where the
+    Python stacks go when the process dies of a signal (``os.abort()``, a
+    segfault), for the worker to quote."""
     die_with_parent()
     configure_logging("svc_trainer", log_level, log_format)
+    if code_dir:
+        sys.path.insert(0, code_dir)
+        inherited = os.environ.get("PYTHONPATH", "")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (code_dir, inherited) if p)
+    # Open for the process's life: faulthandler writes to it as the process dies.
+    crash = open(crash_file, "w") if crash_file else None
+    if crash is not None:
+        faulthandler.enable(crash, all_threads=True)
     code = 0
     try:
         from svc_trainer import runners
@@ -140,7 +157,13 @@ def _run_trial(
     spec = job.spec
     log_ = get_logger("svc_trainer")
     try:
-        splits, cached = cache.get(job.data)
+        try:
+            splits, cached = cache.get(job.data)
+        except TrialError as exc:
+            # The data does not depend on the trial's parameters: no trial of
+            # the study could load it either.
+            exc.fatal_to_study = True
+            raise
         from svc_trainer import baseline, evaluation
 
         splits = evaluation.prepare(splits, spec.options)
@@ -154,6 +177,9 @@ def _run_trial(
                 train_examples=len(splits.y_train),
                 files=splits.files,
                 distribution=splits.distribution,
+                features=splits.feature_names,
+                label=splits.label,
+                split=splits.split,
             )
         )
         # Only a trial that exports a model is compared with the baseline;
@@ -171,10 +197,17 @@ def _run_trial(
             result = replace(result, val_metrics={**result.val_metrics, **baseline_metrics})
         events.send(Finished(result))
     except TrialError as exc:
-        events.send(Failed(exc.reason, str(exc), retryable=False))
+        events.send(Failed.of(exc))
+    except SystemExit as exc:  # the user's code called sys.exit: the trial ends, not the process
+        from svc_trainer.user_code import failures
+
+        events.send(Failed.of(failures.from_exception(exc, "trial's code")))
     except Exception as exc:  # the machine's fault, not the trial's: may be retried
         log_.error("trial.crashed", trial_id=spec.trial_id, error=traceback.format_exc())
-        events.send(Failed("training_error", f"{type(exc).__name__}: {exc}", retryable=True))
+        tail = "\n".join(traceback.format_exc().rstrip().splitlines()[-15:])
+        events.send(
+            Failed("training_error", f"{type(exc).__name__}: {exc}", retryable=True, traceback=tail)
+        )
     finally:
         try:
             runner.release()

@@ -3,10 +3,11 @@ Parquet offline store (``shared.feature_store`` names its layout).
 
 An example is one window of a series (entity, path, unit) of the chosen
 metric and window kind: x the ``FEATURE_STATS`` of the ``lags`` windows
-before it, oldest first, y its mean. The split is chronological, so the seed
-changes nothing. ``window_from`` / ``window_to`` (RFC 3339, inclusive) keep
-only the windows starting between them, lags and targets alike: a re-tune
-trains on the drifted data alone.
+before it, oldest first, y its ``label`` statistic (``options["label"]``,
+one of ``FEATURE_STATS``: the mean by default, or its max, p95, count...).
+The split is chronological, so the seed changes nothing. ``window_from`` /
+``window_to`` (RFC 3339, inclusive) keep only the windows starting between
+them, lags and targets alike: a re-tune trains on the drifted data alone.
 
 With the splits comes the training distribution (``shared.distribution``):
 per statistic, the quantiles of the lag-1 windows of the training examples
@@ -63,7 +64,7 @@ class _Windows:
     start_us: NDArray[np.int64]
     slide_us: NDArray[np.int64]
     stats: NDArray[np.float64]  # (rows, len(stat_names)); NaN and null already 0
-    mean: NDArray[np.float64]  # the target; NaN where the store has none
+    target: NDArray[np.float64]  # the label statistic; NaN where the store has none
     stat_names: tuple[str, ...]
 
 
@@ -108,7 +109,15 @@ def load_features(
     selected = _partition_filter(metric, window)
     if bounds[1] is not None:
         store = _caught_up(root, store, selected, bounds[1], catch_up_seconds)
-    windows = _latest_windows(store, selected, f"{root} ({metric} @ {window})", bounds)
+    label = options.get("label") or "mean"
+    if label not in FEATURE_STATS:
+        raise TrialError(
+            f'options["label"]={label!r}: expected a window statistic, one of '
+            f"{', '.join(FEATURE_STATS)}",
+            reason=BAD_DATASET,
+        )
+    where = f"{root} ({metric} @ {window})"
+    windows = _latest_windows(store, selected, where, bounds, label)
     x, y, targets = _lagged_examples(windows, lags)
     if len(y) < MIN_FEATURE_EXAMPLES:
         raise TrialError(
@@ -120,6 +129,9 @@ def load_features(
     train, val, test = chronological_split(windows.start_us[targets])
     files = sorted(str(fragment.path) for fragment in store.get_fragments(filter=selected))
     selection = f"{metric}|{window}|{lags}"
+    if label != "mean":
+        # The default keeps the versions it had before labels existed.
+        selection += f"|label={label}"
     if bounds != (None, None):
         # Unbounded reads keep the versions they had before bounds existed.
         selection += f"|{bounds[0]}|{bounds[1]}"
@@ -144,6 +156,10 @@ def load_features(
         feature=online_field(metric, window) if lags == 1 else "",
         distribution=distribution(train),
         train_val_distribution=distribution(np.concatenate([train, val])),
+        feature_names=tuple(feature_names(windows.stat_names, lags)),
+        label=f"{label} of the next {metric} window",
+        split=f"chronological {TRAIN_PERCENT}/{VAL_END_PERCENT - TRAIN_PERCENT}/"
+        f"{100 - VAL_END_PERCENT}",
     )
 
 
@@ -299,12 +315,16 @@ def _partition_filter(metric: str, window: str) -> Any:
 
 
 def _latest_windows(
-    store: Any, selected: Any, where: str, bounds: tuple[int | None, int | None]
+    store: Any,
+    selected: Any,
+    where: str,
+    bounds: tuple[int | None, int | None],
+    label: str = "mean",
 ) -> _Windows:
     """The selected windows starting within ``bounds`` (µs, inclusive; None:
     open); of a window a replayed batch wrote again, the latest batch's."""
     names = set(store.schema.names)
-    for required in ("window_start", "window_slide", "mean"):
+    for required in ("window_start", "window_slide", "mean", label):
         if required not in names:
             raise TrialError(f"{where}: no {required!r} column", reason=BAD_DATASET)
     stat_names = tuple(stat for stat in FEATURE_STATS if stat in names)
@@ -336,7 +356,7 @@ def _latest_windows(
         start_us=start[last],
         slide_us=_int64(table["window_slide"])[kept] * 1_000_000,
         stats=np.where(np.isfinite(stats), stats, 0.0),
-        mean=_float64(table["mean"])[kept],
+        target=_float64(table[label])[kept],
         stat_names=stat_names,
     )
 
@@ -347,7 +367,8 @@ def _lagged_examples(
     """(x, y, target window rows), one example per window whose ``lags``
     predecessors in its series are all present and consecutive (each starts
     one slide after the one before): x their statistics in ``feature_names``
-    order, y the window's mean. Windows with no finite mean are no target.
+    order, y the window's label statistic. Windows without a finite one are
+    no target.
     A target's lag-1 window is the row before it."""
     n, width = len(windows.start_us), lags * len(windows.stat_names)
     if n <= lags:
@@ -359,11 +380,11 @@ def _lagged_examples(
     )
     targets = np.arange(lags, n)
     usable = sliding_window_view(follows, lags).all(axis=1)
-    usable &= np.isfinite(windows.mean[targets])
+    usable &= np.isfinite(windows.target[targets])
     history = sliding_window_view(windows.stats, (lags, len(windows.stat_names)))[:, 0]
     x = history[: n - lags][usable].reshape(-1, width)
     chosen = targets[usable]
-    return x.astype(np.float32), windows.mean[chosen].astype(np.float32), chosen
+    return x.astype(np.float32), windows.target[chosen].astype(np.float32), chosen
 
 
 def chronological_split(

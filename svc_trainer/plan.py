@@ -32,11 +32,51 @@ ParamScalar = float | int | str | bool
 
 
 class TrialError(AistackError):
-    """The trial's configuration cannot be trained (unknown dataset, model,
-    strategy or metric; parameters outside what the model accepts). Reported
-    as a non-retryable failure: the tuner quarantines it instead of retrying."""
+    """The trial cannot be trained as asked (unknown dataset, model, strategy
+    or metric; parameters outside what the model accepts; the user's code
+    failing). Reported as a failure, by default not retryable: the tuner
+    quarantines the configuration instead of retrying it.
+
+    ``traceback``: the last lines of the traceback that explains it (the
+    user's code's). ``fatal_to_study``: the study's code, data or settings
+    are at fault, not the trial's parameters, so every trial would fail the
+    same way and the tuner ends the study."""
 
     reason = "invalid_trial"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str | None = None,
+        retryable: bool = False,
+        traceback: str = "",
+        fatal_to_study: bool = False,
+    ) -> None:
+        super().__init__(message, reason=reason)
+        self.retryable = retryable
+        self.traceback = traceback
+        self.fatal_to_study = fatal_to_study
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword arguments do not survive pickling on their own (a rank's
+        # error crossing to its driver).
+        return (
+            _trial_error,
+            (self.message, self.reason, self.retryable, self.traceback, self.fatal_to_study),
+        )
+
+
+def _trial_error(
+    message: str, reason: str, retryable: bool, traceback: str, fatal_to_study: bool
+) -> TrialError:
+    return TrialError(
+        message,
+        reason=reason,
+        retryable=retryable,
+        traceback=traceback,
+        fatal_to_study=fatal_to_study,
+    )
 
 
 class StopReason(enum.IntEnum):
@@ -84,14 +124,17 @@ class Hyperparams:
     augment: float = 0.0
 
     @classmethod
-    def from_params(cls, params: Mapping[str, ParamScalar]) -> Hyperparams:
-        """Validate a trial's parameters; unknown names and out-of-range values
-        raise TrialError naming the parameter."""
+    def from_params(cls, params: Mapping[str, ParamScalar], *, others: bool = False) -> Hyperparams:
+        """Validate a trial's parameters; out-of-range values raise
+        TrialError naming the parameter, and so do unknown names unless
+        ``others`` (a user's model takes parameters of its own)."""
         known = {f.name: f for f in fields(cls)}
         values: dict[str, Any] = {}
         for name, value in params.items():
             spec = known.get(name)
             if spec is None:
+                if others:
+                    continue
                 raise TrialError(
                     f"unknown parameter {name!r}; the trainer accepts {sorted(known)}",
                     reason="invalid_params",
@@ -197,6 +240,24 @@ class DataSplits:
     # "" for other datasets.
     distribution: str = ""
     train_val_distribution: str = ""
+    # What a table's columns were, for the user's code and the lineage: the
+    # feature columns in x's order, the label column, and the source's class
+    # names (y holds their indices); how the rows were split.
+    feature_names: tuple[str, ...] = ()
+    label: str = ""
+    class_names: tuple[str, ...] = ()
+    split: str = ""
+
+
+@dataclass(frozen=True)
+class CodeRef:
+    """A shipped code package as a trial's processes find it: unpacked in
+    ``directory`` on the trainer's host, else fetched from ``uri`` and checked
+    against ``sha256`` (a rank on another host)."""
+
+    uri: str
+    sha256: str
+    directory: str
 
 
 @dataclass(frozen=True)
@@ -241,6 +302,15 @@ class RunSpec:
     # fetched into ("": a temporary one).
     baseline: str = ""
     baseline_dir: str = ""
+    # The user's code ("package.module:function"): a model builder the
+    # platform's loop trains, or a training loop that trains by itself;
+    # "" for the built-in families. ``params``: every parameter of the trial,
+    # as the user's code receives them; ``code``: the shipped package
+    # holding the code (None: installed in the environment).
+    model: str = ""
+    entrypoint: str = ""
+    params: Mapping[str, ParamScalar] = field(default_factory=dict)
+    code: CodeRef | None = None
 
 
 @dataclass(frozen=True)
@@ -284,6 +354,10 @@ class DataLoaded:
     files: tuple[str, ...] = ()
     # ``DataSplits.distribution`` of what the model trained on ("" for none).
     distribution: str = ""
+    # ``DataSplits.feature_names``, ``label``, ``split``.
+    features: tuple[str, ...] = ()
+    label: str = ""
+    split: str = ""
 
 
 class Channel(Protocol):

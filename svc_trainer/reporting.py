@@ -141,7 +141,11 @@ class Reporter:
                 self._final(
                     request,
                     failed=tuning_pb2.TrialFailed(
-                        reason=outcome.reason, message=outcome.message, retryable=outcome.retryable
+                        reason=outcome.reason,
+                        message=outcome.message,
+                        retryable=outcome.retryable,
+                        traceback=outcome.traceback,
+                        fatal_to_study=outcome.fatal_to_study,
                     ),
                 )
                 outcome_name = "failed"

@@ -75,6 +75,13 @@ class TrainerSettings(ServiceSettings):
     executor_stall_seconds: float = Field(default=600.0, ge=0)
     # Datasets an executor keeps loaded, least recently used out first.
     cached_datasets: int = Field(default=4, ge=0, le=64)
+    # The memory a trial's processes (its executor and every process under it)
+    # may hold, in MiB; past it they are killed and the trial fails
+    # (memory_limit, not retryable). 0: three quarters of this machine's memory.
+    trial_memory_limit_mb: int = Field(default=0, ge=0)
+    # Executors kept warm for shipped code packages (one per package and
+    # framework), the least recently used retiring first.
+    code_executors: int = Field(default=2, ge=1, le=64)
     # More framework runners by name, as JSON: {"jax": "my_package.jax_runner:RUNNER"}
     # (a plan.Runner each); a trial picks one with a "framework" parameter.
     runners: dict[str, str] = Field(default_factory=dict)
@@ -123,6 +130,13 @@ class TrainerSettings(ServiceSettings):
                 raise ValueError('expected TF_CONFIG JSON with a "cluster"')
         return value
 
+    def trial_memory_limit_bytes(self) -> int:
+        if self.trial_memory_limit_mb:
+            return self.trial_memory_limit_mb << 20
+        from svc_trainer.memory import machine_bytes
+
+        return machine_bytes() * 3 // 4
+
     def replica_id(self) -> str:
         return self.trainer_id or f"{socket.gethostname()}-{os.getpid()}"
 
@@ -131,6 +145,12 @@ class TrainerSettings(ServiceSettings):
 
     def tensorboard_location(self) -> Path:
         return Path(self.tensorboard_dir or self.common.state_dir / "tensorboard")
+
+    def work_dir(self) -> Path:
+        """This replica's own directory: exports, uploads, code packages."""
+        from svc_trainer.trials import safe_name
+
+        return self.common.state_dir / "trainer" / safe_name(self.replica_id())
 
     def spark_work_dir(self) -> Path:
         """The Spark driver's working directory (``launcher: spark`` trials)."""

@@ -99,9 +99,17 @@ def framework_enum(request: tuning_pb2.TrialRequested) -> common_pb2.Framework:
 
 
 def model_family(request: tuning_pb2.TrialRequested) -> str:
-    """The task's model family, else the dataset's usual one."""
+    """The task's model family, else the dataset's usual one; "" for a
+    model or a training loop of the user's."""
     task = request.task
+    if task.model or task.entrypoint:
+        return ""
     return task.model_family or DEFAULT_MODEL_FAMILY.get(task.dataset, "cnn")
+
+
+def user_code(request: tuning_pb2.TrialRequested) -> str:
+    """The user's function the trial runs ("package.module:function"), if any."""
+    return request.task.entrypoint or request.task.model
 
 
 def model_name(request: tuning_pb2.TrialRequested) -> str:
@@ -140,12 +148,15 @@ def run_spec(
     spark: SparkSettings | None = None,
     spark_work_dir: Path | None = None,
     baseline_dir: Path | None = None,
+    code_cache: Path | None = None,
 ) -> RunSpec:
     """The run for ``request``; TrialError for what no trainer can train.
     ``frameworks``: the runners this trainer has; ``spark``: where a
     ``launcher: spark`` trial runs (None: nowhere); ``baseline_dir``: where
-    a ``task.baseline``'s artifact is fetched (None: a temporary directory)."""
+    a ``task.baseline``'s artifact is fetched (None: a temporary directory);
+    ``code_cache``: where shipped code packages are unpacked, by digest."""
     task = request.task
+    check_user_code(task)
     framework = framework_name(request)
     if framework not in frameworks:
         raise TrialError(
@@ -154,8 +165,8 @@ def run_spec(
             f"{', '.join(frameworks)})",
             reason="unknown_framework",
         )
-    if not task.dataset:
-        raise TrialError("task.dataset is empty", reason="unknown_dataset")
+    if not task.dataset and not task.entrypoint:
+        raise TrialError("task.dataset is empty", reason="unknown_dataset", fatal_to_study=True)
     if task.epochs < 1:
         raise TrialError(f"task.epochs={task.epochs}: expected at least 1", reason="invalid_params")
     if not request.objective.metric:
@@ -167,6 +178,16 @@ def run_spec(
     if CV_FOLD_PARAM in given:
         options[CV_FOLD_PARAM] = str(given[CV_FOLD_PARAM])
     hyperparams = {k: v for k, v in given.items() if k not in (FRAMEWORK_PARAM, CV_FOLD_PARAM)}
+    if task.entrypoint:
+        # The user's loop reads its parameters itself: none is the platform's.
+        hparams = Hyperparams()
+    else:
+        hparams = Hyperparams.from_params(hyperparams, others=bool(task.model))
+    code = None
+    if task.HasField("code"):
+        from svc_trainer.user_code.packages import code_ref
+
+        code = code_ref(task.code, code_cache or Path(checkpoint_dir).parent / "code")
     spec = RunSpec(
         trial_id=request.trial_id,
         study_id=request.study_id,
@@ -178,7 +199,7 @@ def run_spec(
         strategy=task.strategy,
         world_size=task.world_size or world_size,
         epochs=task.epochs,
-        hparams=Hyperparams.from_params(hyperparams),
+        hparams=hparams,
         seed=seed % (2**31),
         objective_metric=request.objective.metric,
         checkpoint_dir=str(checkpoint_dir),
@@ -196,9 +217,24 @@ def run_spec(
             else ""
         ),
         baseline_dir=str(baseline_dir or ""),
+        model=task.model,
+        entrypoint=task.entrypoint,
+        params=hyperparams,
+        code=code,
     )
     launcher(spec)
     return spec
+
+
+def check_user_code(task: tuning_pb2.TrainingTask) -> None:
+    """TrialError (fatal to the study) for a task naming the user's code in a
+    way no trainer can run (``shared.code_refs.task_problem``)."""
+    from shared import code_refs
+
+    problem = code_refs.task_problem(task)
+    if problem is not None:
+        field, what = problem
+        raise TrialError(f"{field}: {what}", reason="invalid_task", fatal_to_study=True)
 
 
 def data_request(
@@ -230,19 +266,28 @@ def model_ready(
 ) -> models_pb2.ModelReady:
     created = Timestamp()
     created.GetCurrentTime()
+    task = request.task
     lineage = models_pb2.ModelLineage(
         study_id=request.study_id,
         trial_id=request.trial_id,
         trial_number=request.trial_number,
         data=models_pb2.DataLineage(
-            dataset=f"{data.name}@{data.version}" if data else request.task.dataset,
+            dataset=f"{data.name}@{data.version}" if data and data.name else task.dataset,
             offsets=[
                 common_pb2.SourcePosition(topic=t, partition=p, offset=o)
                 for t, p, o in (data.offsets if data else ())
             ],
             files=list(data.files) if data else [],
+            features=list(data.features) if data else [],
+            label=data.label if data else "",
+            split=data.split if data else "",
         ),
     )
+    if task.model or task.entrypoint or task.HasField("code"):
+        lineage.code.model = task.model
+        lineage.code.entrypoint = task.entrypoint
+        if task.HasField("code"):
+            lineage.code.package.CopyFrom(task.code)
     for name, value in request.params.items():
         lineage.params[name].CopyFrom(value)
     distribution = models_pb2.TrainingDistribution()
@@ -296,7 +341,7 @@ def _labels(
 ) -> dict[str, str]:
     labels = {
         "strategy": request.task.strategy or "default",
-        "model_family": model_family(request),
+        "model_family": model_family(request) or "user",
         "dataset_version": data.version if data else "",
         "dataset_source": data.source if data else "",
         "trainer": trainer_id,
@@ -304,6 +349,10 @@ def _labels(
         REFIT: "true" if is_refit(request.task.options) else "false",
         "train_examples": str(data.train_examples) if data else "",
     }
+    if user_code(request):
+        labels["user_code"] = user_code(request)
+    if request.task.HasField("code"):
+        labels["code_sha256"] = request.task.code.sha256
     if data is not None and data.feature:
         # svc_model reads this entity field when a request names an entity.
         labels["feature"] = data.feature

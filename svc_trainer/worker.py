@@ -27,8 +27,17 @@
 - SIGTERM, or losing the trial's partition in a rebalance, stops the run at
   its next check and hands the trial back uncommitted: whoever gets it next
   resumes from its last checkpoint.
-- An executor that dies mid-trial (a crash, an out-of-memory kill) fails the
-  trial with a retryable report and is replaced; the worker lives on.
+- An executor that dies mid-trial (a crash, an out-of-memory kill,
+  ``os.abort()`` in a user's code) fails the trial with a retryable report,
+  quoting the Python stacks it wrote as it died, and is replaced; the worker
+  lives on. One whose processes hold more memory than the trial limit is
+  killed and the trial fails, not retryable (``memory_limit``); one that
+  stops checking in is killed as stalled (retryable), or, for a user's loop
+  that stopped reporting, as silent (``loop_silent``, not retryable).
+- A trial of a shipped code package runs in an executor of that package
+  (``ExecutorPool``); the package is fetched and verified here first, and a
+  package whose bytes do not match its digest is refused before any process
+  imports it.
 """
 
 from __future__ import annotations
@@ -46,11 +55,12 @@ from shared.bus.loop import DeadLetters, Publisher
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import UndecodableRecord
 from shared.log import get_logger
-from svc_trainer import trials
+from svc_trainer import memory, trials
 from svc_trainer.background import Uploads
 from svc_trainer.executor import (
     Epoch,
     Event,
+    Executor,
     ExecutorPool,
     Failed,
     Finished,
@@ -65,6 +75,7 @@ from svc_trainer.plan import DataLoaded, StopReason, TrialError
 from svc_trainer.reporting import Reporter, Running
 from svc_trainer.settings import TrainerSettings
 from svc_trainer.tensorboard import TrialBoard
+from svc_trainer.user_code import packages
 
 SERVICE = "svc_trainer"
 log = get_logger(SERVICE)
@@ -73,6 +84,8 @@ log = get_logger(SERVICE)
 HAND_BACK_SECONDS = 120.0
 # How long a trial's executor may take to go idle once the trial ended.
 IDLE_SECONDS = 60.0
+# How often the memory of a running trial's processes is measured.
+MEMORY_CHECK_SECONDS = 0.5
 # Control messages kept for trials not (yet) running here.
 _REMEMBERED_CONTROLS = 10_000
 _ACTIONS = {
@@ -97,7 +110,7 @@ class Worker:
         self._executors = executors
         self._trainer_id = settings.replica_id()
         self._store = ArtifactStore(settings.artifact_location())
-        self._work = settings.common.state_dir / "trainer" / trials.safe_name(self._trainer_id)
+        self._work = settings.work_dir()
         self._running: Running | None = None
         self._controls: OrderedDict[str, StopReason] = OrderedDict()
         self._revoked: set[tuple[str, int]] = set()
@@ -114,6 +127,7 @@ class Worker:
             ),
         )
         self._uploads = None if self._store.local else Uploads(self._store, self._work / "uploads")
+        self._next_memory_check = 0.0
 
     @property
     def trainer_id(self) -> str:
@@ -199,6 +213,7 @@ class Worker:
         try:
             spec = trials.run_spec(
                 request,
+                code_cache=self._work / "code",
                 checkpoint_dir=checkpoint_dir,
                 export_dir=export_dir,
                 tensorboard_dir=run_dir,
@@ -212,10 +227,17 @@ class Worker:
                 baseline_dir=self._work / "baselines",
             )
             params = trials.params(request)
-            executor = self._executors.executor_for(spec.framework)
+            if spec.code is not None:
+                # Fetched and verified here, before any process imports it.
+                packages.ensure(spec.code)
+            executor = self._executors.executor_for(spec.framework, spec.code)
         except TrialError as error:
             failed = tuning_pb2.TrialFailed(
-                reason=error.reason, message=str(error), retryable=False
+                reason=error.reason,
+                message=str(error),
+                retryable=error.retryable,
+                traceback=error.traceback,
+                fatal_to_study=error.fatal_to_study,
             )
             self._metrics.trials.labels("failed", "").inc()
             log.warning("trial.refused", trial_id=request.trial_id, reason=error.reason)
@@ -278,12 +300,15 @@ class Worker:
         elif not executor.alive():
             for event in executor.events(timeout=0.5):
                 self._on_event(running, event)
+            # Its dying words first: replacing the executor removes them.
+            crash = executor.crash_report()
             self._executors.trial_ended(executor, None)
             if running.outcome is None:
                 running.outcome = Failed(
                     "executor_died",
                     f"the trial's executor (pid {executor.pid}) {executor.death()}",
                     retryable=True,
+                    traceback=crash,
                 )
                 self._metrics.executor_deaths.inc()
                 log.error(
@@ -300,13 +325,20 @@ class Worker:
             and (quiet := executor.quiet_for()) > self._settings.executor_stall_seconds
         ):
             self._executors.discard(executor)
-            running.outcome = Failed(
-                "executor_stalled",
-                f"the trial's executor (pid {executor.pid}) made no progress for {quiet:.0f} s "
-                "(a hung collective or a deadlock?) and was killed",
-                retryable=True,
-            )
+            running.outcome = _stalled(running, quiet)
             log.error("trial.executor_stalled", trial_id=running.request.trial_id, quiet_s=quiet)
+            self._done(consumer, running, stopping)
+        elif running.outcome is None and (held := self._over_memory(executor)):
+            self._executors.discard(executor)
+            limit = self._settings.trial_memory_limit_bytes()
+            running.outcome = Failed(
+                "memory_limit",
+                f"the trial's processes held {held >> 20} MiB, over the trainer's limit of "
+                f"{limit >> 20} MiB (AISTACK_TRAINER_TRIAL_MEMORY_LIMIT_MB), and were killed: "
+                "a runaway allocation? Smaller batches or model, or a higher limit",
+                retryable=False,
+            )
+            log.error("trial.memory_limit", trial_id=running.request.trial_id, held=held)
             self._done(consumer, running, stopping)
         elif running.outcome is not None and now - running.ended_at > IDLE_SECONDS:
             log.error("executor.not_idle", pid=executor.pid, trial_id=running.request.trial_id)
@@ -360,7 +392,8 @@ class Worker:
         elif isinstance(event, NeedsFresh):
             # The warm executor left for good; the trial runs in a one-shot one.
             self._executors.trial_ended(running.executor, Idle(0, retiring=True))
-            running.executor = self._executors.one_shot(running.job.spec.framework)
+            spec = running.job.spec
+            running.executor = self._executors.one_shot(spec.framework, spec.code)
             running.executor.submit(running.job)
             log.info("trial.fresh_process", trial_id=request.trial_id, pid=running.executor.pid)
         elif isinstance(event, Idle):
@@ -376,6 +409,17 @@ class Worker:
                     pid=event.pid,
                     warm_seconds=round(event.warm_seconds, 1),
                 )
+
+    def _over_memory(self, executor: Executor) -> int:
+        """The memory the trial's processes hold when it is over the limit
+        (0 otherwise); measured at most every MEMORY_CHECK_SECONDS."""
+        limit = self._settings.trial_memory_limit_bytes()
+        now = time.monotonic()
+        if not limit or executor.pid is None or now < self._next_memory_check:
+            return 0
+        self._next_memory_check = now + MEMORY_CHECK_SECONDS
+        held = memory.tree_bytes(executor.pid)
+        return held if held > limit else 0
 
     def _read_controls(self, control: BusTail[tuning_pb2.TrialControl]) -> None:
         for record in control.poll_batch(100, timeout=0):
@@ -434,6 +478,27 @@ class Worker:
         self._metrics.busy.set(0)
         self._metrics.trials.labels("handed_back", trials.framework_name(running.request)).inc()
         log.info("trial.handed_back", trial_id=running.request.trial_id, step=running.last_step)
+
+
+def _stalled(running: Running, quiet: float) -> Failed:
+    """How a run that stopped checking in fails: a user's loop that stopped
+    reporting is its code's fault; a built-in run that hangs (a collective
+    whose peer is gone) the machine's."""
+    pid = running.executor.pid
+    if running.job.spec.entrypoint:
+        return Failed(
+            "loop_silent",
+            f"the training loop neither reported nor asked should_stop() for {quiet:.0f} s "
+            "(AISTACK_TRAINER_EXECUTOR_STALL_SECONDS) and was killed: report, or ask "
+            "ctx.should_stop(), more often",
+            retryable=False,
+        )
+    return Failed(
+        "executor_stalled",
+        f"the trial's executor (pid {pid}) made no progress for {quiet:.0f} s "
+        "(a hung collective or a deadlock?) and was killed",
+        retryable=True,
+    )
 
 
 def _board_metrics(request: tuning_pb2.TrialRequested) -> tuple[str, ...]:

@@ -55,6 +55,7 @@ from svc_tuner.record import (
 # Study attributes.
 _SPEC = "aistack:spec"
 _STOPPED = "aistack:stopped"
+_FAILED = "aistack:failed"
 _CREATED = "aistack:created"
 _QUARANTINED = "aistack:quarantined"
 _ANNOUNCED = "aistack:announced"
@@ -283,6 +284,8 @@ class Engine:
 
     def state(self, study_id: str) -> int:
         study = self._study(study_id)
+        if study.user_attrs.get(_FAILED):
+            return api.STUDY_STATE_FAILED
         if study.user_attrs.get(_STOPPED):
             return api.STUDY_STATE_STOPPED
         spec = self._spec(study_id)
@@ -318,7 +321,7 @@ class Engine:
         study = self._study(study_id)
         outcome = Outcome()
         in_flight = self._in_flight(study)
-        if study.user_attrs.get(_STOPPED):
+        if study.user_attrs.get(_STOPPED) or study.user_attrs.get(_FAILED):
             return outcome
         quarantined = study.user_attrs.get(_QUARANTINED, [])
         budget_left = self._budget_left(study, spec)
@@ -391,7 +394,13 @@ class Engine:
             failure = report.failed
             error = f"attempt {report.attempt}: {failure.reason}: {failure.message}"
             trial = self._storage.get_trial(tid)
-            outcome.extend(self._retry_or_quarantine(study_id, trial, error, failure.retryable))
+            if failure.traceback:
+                self._store_run(trial, Run.of(trial).but(traceback=failure.traceback))
+                trial = self._storage.get_trial(tid)
+            if failure.fatal_to_study:
+                outcome.extend(self._fail_study(study_id, trial, error))
+            else:
+                outcome.extend(self._retry_or_quarantine(study_id, trial, error, failure.retryable))
         return outcome
 
     def find_lost(self, study_id: str) -> Outcome:
@@ -421,6 +430,7 @@ class Engine:
             objective=spec.objective,
             stopped=bool(study.user_attrs.get(_STOPPED)),
             trial_counts=self.counts(study_id),
+            error=self.error(study_id),
         )
         result.end_time.FromSeconds(int(self._clock()))
         best = self.best(study_id)
@@ -446,6 +456,10 @@ class Engine:
         self._study(study_id).set_user_attr(_ANNOUNCED, True)
 
     # ---- views ----
+
+    def error(self, study_id: str) -> str:
+        """Why the study failed ("" unless it did)."""
+        return str(self._study(study_id).user_attrs.get(_FAILED, ""))
 
     def created(self, study_id: str) -> float:
         return float(self._study(study_id).user_attrs.get(_CREATED, 0.0))
@@ -538,6 +552,24 @@ class Engine:
             requests=[self._request(spec, frozen)],
             changed=[trial_id(spec.name, asked.number)],
         )
+
+    def _fail_study(self, study_id: str, trial: FrozenTrial, error: str) -> Outcome:
+        """A trial found the study's code, data or settings at fault: every
+        trial would fail alike, so none is asked again. The trial fails with
+        its error (not quarantined: its parameters are not to blame), the
+        trials in flight are told to stop, and the study fails, saying why."""
+        study = self._study(study_id)
+        study.set_user_attr(_FAILED, f"trial {trial.number}: {error}")
+        log.warning("study.failed", study=study_id, trial=trial.number, error=error)
+        outcome = Outcome(changed=[trial_id(study_id, trial.number)])
+        self._finish(study, trial, OptunaState.FAIL, errors=[error])
+        for other in self._in_flight(study):
+            outcome.controls.append(
+                self._control(study_id, other, tuning_pb2.CONTROL_ACTION_STOP, "study failed")
+            )
+            self._finish(study, other, OptunaState.FAIL, errors=["the study failed"])
+            outcome.changed.append(trial_id(study_id, other.number))
+        return outcome
 
     def _retry_or_quarantine(
         self, study_id: str, trial: FrozenTrial, error: str, retryable: bool

@@ -47,7 +47,8 @@ class Run:
     last published on the bus), ``seen`` (epoch seconds of the last report or
     request; None: never, so never lost), ``running`` (a trainer has
     reported), ``trainer``, ``errors`` (one per failed or lost attempt),
-    ``outcome`` and ``refit`` (a refit of the study's best parameters)."""
+    ``outcome``, ``refit`` (a refit of the study's best parameters) and
+    ``traceback`` (the last failure's, as its trainer quoted it)."""
 
     attempt: int = 1
     published: int | None = None
@@ -57,6 +58,8 @@ class Run:
     errors: tuple[str, ...] = ()
     outcome: RunOutcome = ""
     refit: bool = False
+    # The last lines of the last failure's traceback.
+    traceback: str = ""
 
     @classmethod
     def of(cls, trial: FrozenTrial) -> Run:
@@ -121,6 +124,7 @@ class TrialDetails:
     metrics: dict[str, float]
     model_name: str
     model_version: str
+    traceback: str
 
 
 def details(trial: FrozenTrial) -> TrialDetails:
@@ -132,6 +136,7 @@ def details(trial: FrozenTrial) -> TrialDetails:
         metrics=dict(result.metrics),
         model_name=result.model_name,
         model_version=result.model_version,
+        traceback=run.traceback,
     )
 
 

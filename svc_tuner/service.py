@@ -248,6 +248,7 @@ class Tuner:
             "study.ended",
             study=study_id,
             stopped=result.stopped,
+            error=result.error,
             best_value=result.best_value if result.HasField("best_value") else None,
             best_trial=result.best_trial_id,
             trials=dict(result.trial_counts),

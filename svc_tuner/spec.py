@@ -1,7 +1,7 @@
 """Study specs: validation, and the Optuna objects a spec stands for.
 
 A spec arrives as ``aistack.v1.StudySpec`` over gRPC (the CLI reads it from
-YAML or JSON: ``compose.study.load_spec``). ``validate`` raises ``SpecError``
+YAML or JSON: ``aistack.studies.load_spec``). ``validate`` raises ``SpecError``
 naming the first field that is wrong, which the gRPC layer returns as
 INVALID_ARGUMENT.
 """
@@ -28,6 +28,7 @@ from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from shared import code_refs
 from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
 from shared.errors import FailedPrecondition, InvalidArgument
 
@@ -79,6 +80,9 @@ def validate(spec: tuning_pb2.StudySpec) -> None:
         raise SpecError("task.framework", "must be FRAMEWORK_TORCH or FRAMEWORK_TENSORFLOW")
     if spec.task.epochs < 0:
         raise SpecError("task.epochs", "must not be negative")
+    problem = code_refs.task_problem(spec.task)
+    if problem is not None:
+        raise SpecError(*problem)
 
 
 def _validate_domain(param: tuning_pb2.ParamSpec, where: str) -> None:

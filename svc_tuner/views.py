@@ -24,6 +24,7 @@ def trial_message(study_id: str, trial: FrozenTrial) -> api.Trial:
         metrics=shown.metrics,
         model_name=shown.model_name,
         model_version=shown.model_version,
+        traceback=shown.traceback,
     )
     for name, value in trial.params.items():
         message.params[name].CopyFrom(specs.param_value(value))
@@ -44,6 +45,7 @@ def study_message(engine: Engine, study_id: str) -> api.Study:
         spec=engine.spec(study_id),
         state=engine.state(study_id),  # type: ignore[arg-type]
         trial_counts=engine.counts(study_id),
+        error=engine.error(study_id),
     )
     message.create_time.FromSeconds(int(engine.created(study_id)))
     best = engine.best(study_id)

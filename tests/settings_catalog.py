@@ -41,7 +41,7 @@ EXPECTED = frozenset(
         "svc_tuner.settings.TunerSettings",
         "svc_trainer.settings.TrainerSettings",
         "svc_model.settings.ModelSettings",
-        "compose.settings.LineageSettings",
+        "aistack.settings.LineageSettings",
     }
 )
 

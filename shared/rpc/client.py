@@ -68,3 +68,69 @@ def open_channel(
         return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
     credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca_file.read_bytes())
     return grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
+
+
+class _SyncBearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details: Any) -> Any:
+        return _CallDetails(
+            details.method,
+            details.timeout,
+            [*(details.metadata or ()), self._header],
+            details.credentials,
+            getattr(details, "wait_for_ready", None),
+            getattr(details, "compression", None),
+        )
+
+    def intercept_unary_unary(
+        self, continuation: Callable[..., Any], details: Any, request: Any
+    ) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(
+        self, continuation: Callable[..., Any], details: Any, request: Any
+    ) -> Any:
+        return continuation(self._with_token(details), request)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(
+        self,
+        method: str,
+        timeout: float | None,
+        metadata: Any,
+        credentials: Any,
+        wait_for_ready: Any,
+        compression: Any,
+    ) -> None:
+        self.method = method
+        self.timeout = timeout
+        self.metadata = metadata
+        self.credentials = credentials
+        self.wait_for_ready = wait_for_ready
+        self.compression = compression
+
+
+def open_sync_channel(
+    target: str,
+    *,
+    tls_ca_file: Path | None = None,
+    token: str | None = None,
+    max_message_bytes: int = 64 * 1024 * 1024,
+) -> grpc.Channel:
+    """A blocking channel to ``target`` (for scripts and notebooks, where an
+    event loop may already run); TLS when a CA file is given."""
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+    ]
+    if tls_ca_file is None:
+        channel = grpc.insecure_channel(target, options=options)
+    else:
+        credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca_file.read_bytes())
+        channel = grpc.secure_channel(target, credentials, options=options)
+    if token:
+        return grpc.intercept_channel(channel, _SyncBearerToken(token))
+    return channel

@@ -41,3 +41,21 @@ def status_for(error: BaseException) -> grpc.StatusCode:
 
 def reason_for(error: BaseException) -> str:
     return error.reason if isinstance(error, AistackError) else "internal"
+
+
+def error_for(status: grpc.StatusCode, details: str) -> AistackError:
+    """The aistack error a client raises for a call that failed with
+    ``status``: the table read backwards (the first class of a code wins),
+    AistackError for a code it does not list."""
+    for cls, code in STATUS_BY_ERROR.items():
+        if code == status:
+            return cls(details)
+    return AistackError(f"{status.name}: {details}")
+
+
+def raise_for_status(error: grpc.RpcError) -> None:
+    """Raise ``error_for`` a failed blocking call (a ``grpc.RpcError`` that
+    is also a ``grpc.Call``)."""
+    code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+    details = error.details() if hasattr(error, "details") else str(error)
+    raise error_for(code, details or code.name) from error

@@ -52,6 +52,8 @@ class RankFailure:
     error: str  # the exception's type name
     message: str
     reason: str = ""  # a TrialError's reason; "" for anything else
+    retryable: bool = False  # a TrialError's
+    traceback: str = ""  # its last lines
 
     def line(self) -> str:
         return f"rank {self.rank} failed: {self.error}: {self.message}"
@@ -133,6 +135,8 @@ class ProgressServer:
                     str(message["error"]),
                     str(message["message"]),
                     str(message.get("reason", "")),
+                    bool(message.get("retryable", False)),
+                    str(message.get("traceback", "")),
                 )
             return self._channel.stop_requested()
 
@@ -183,6 +187,8 @@ def report_failure(address: DriverAddress, failure: RankFailure, timeout: float 
                     "error": failure.error,
                     "message": failure.message,
                     "reason": failure.reason,
+                    "retryable": failure.retryable,
+                    "traceback": failure.traceback,
                 },
             )
             _read(stream)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from confluent_kafka import Producer
 
+from aistack.studies import load_spec
 from compose.stack import ServiceStack
-from compose.study import load_spec
 from shared.bus.consumer import BusTail
 from shared.bus.topics import EVENTS_CLEAN, EVENTS_RAW, FEATURES_WINDOWS
 from shared.contracts.aistack.v1 import events_pb2, features_pb2
@@ -137,8 +137,8 @@ def test_a_prediction_by_entity_is_traced_to_the_raw_offset_under_it(
     """One raw reading with a known offset becomes a window; a model trained
     on the offline store that holds it serves a prediction by entity from
     that window; ``aistack lineage`` names the reading's offset."""
-    from compose.lineage import trace
-    from compose.settings import LineageSettings
+    from aistack.lineage import trace
+    from aistack.settings import LineageSettings
 
     kafka = KafkaSettings(bootstrap=stack.kafka_bootstrap)
     run = uuid.uuid4().hex[:6]

@@ -24,8 +24,8 @@ from shared.model_loading import load
 from shared.settings import SparkSettings
 from svc_trainer import data as datasets
 from svc_trainer import trials
+from svc_trainer.backends import spark_launch
 from svc_trainer.backends.torch import runner as torch_runner
-from svc_trainer.backends.torch import spark as torch_spark
 from svc_trainer.backends.torch.loop import CHECKPOINT_FILE
 from svc_trainer.plan import DataSplits, RunResult, RunSpec, StopReason, TrialError
 from tests.integration.trainer_service import trial_request
@@ -87,7 +87,7 @@ def on_this_node(tmp_path_factory: pytest.TempPathFactory) -> Trained:
 @pytest.fixture(scope="module")
 def local_spark() -> Iterator[SparkSettings]:
     yield SparkSettings(master="local[2]", conf={"spark.ui.enabled": "false"})
-    torch_spark.stop_session()
+    spark_launch.stop_session()
 
 
 def predictions(export: str, result: RunResult, data: DataSplits) -> np.ndarray:
@@ -247,12 +247,12 @@ def test_more_ranks_than_local_cores_is_refused(tmp_path: Path, local_spark: Spa
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     with standalone_cluster(tmp_path_factory.mktemp("spark-cluster"), cores=2) as started:
         yield started
-        torch_spark.stop_session()
+        spark_launch.stop_session()
 
 
 def test_a_torch_distributor_trial_on_a_standalone_cluster_reports_and_exports_alike(
     tmp_path: Path, cluster: StandaloneCluster, on_this_node: Trained
 ) -> None:
     trained = train(tmp_path, cluster.settings())
-    assert [app["name"] for app in cluster.applications()] == [torch_spark.APP_NAME]
+    assert [app["name"] for app in cluster.applications()] == [spark_launch.APP_NAME]
     assert_like_on_this_node(trained, on_this_node)

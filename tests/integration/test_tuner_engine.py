@@ -8,7 +8,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from compose.study import load_spec
+from aistack.studies import load_spec
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1 import tuning_pb2
 from svc_tuner import spec as specs

@@ -58,7 +58,8 @@ def test_the_svc_baseline_predicts_every_digit_once_on_the_trainers_folds() -> N
 def test_a_cross_validation_study_is_a_valid_grid_over_the_folds() -> None:
     from pathlib import Path
 
-    from compose.study import cross_validation_spec, fold_errors, load_spec
+    from aistack.studies import load_spec
+    from compose.study import cross_validation_spec, fold_errors
     from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
     from shared.contracts.aistack.v1 import tuner_service_pb2 as api
     from svc_tuner import spec as specs

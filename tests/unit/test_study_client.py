@@ -1,4 +1,4 @@
-"""``aistack study`` finds svc_tuner through its flags, else StudyClientSettings."""
+"""``aistack study`` finds svc_tuner through its flags, else TunerClientSettings."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from compose.settings import StudyClientSettings
+from aistack.settings import TunerClientSettings
 from compose.study import TunerConnection, tuner_connection
 from shared.settings import load_settings
 
@@ -23,7 +23,7 @@ def no_tuner_variables(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_defaults_reach_the_local_tuner_in_the_clear() -> None:
-    settings = load_settings(StudyClientSettings)
+    settings = load_settings(TunerClientSettings)
     assert tuner_connection(flags(), settings) == TunerConnection("localhost:50051", None, None)
 
 
@@ -31,7 +31,7 @@ def test_the_environment_configures_the_client(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("AISTACK_TUNER_TARGET", "tuner.internal:443")
     monkeypatch.setenv("AISTACK_TUNER_TLS_CA_FILE", "/etc/aistack/ca.pem")
     monkeypatch.setenv("AISTACK_TUNER_AUTH_TOKEN", "s3cret")
-    settings = load_settings(StudyClientSettings)
+    settings = load_settings(TunerClientSettings)
     assert "s3cret" not in repr(settings)
     assert tuner_connection(flags(), settings) == TunerConnection(
         "tuner.internal:443", Path("/etc/aistack/ca.pem"), "s3cret"
@@ -41,7 +41,7 @@ def test_the_environment_configures_the_client(monkeypatch: pytest.MonkeyPatch) 
 def test_flags_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AISTACK_TUNER_TARGET", "tuner.internal:443")
     monkeypatch.setenv("AISTACK_TUNER_TLS_CA_FILE", "/etc/aistack/ca.pem")
-    settings = load_settings(StudyClientSettings)
+    settings = load_settings(TunerClientSettings)
     connection = tuner_connection(flags("127.0.0.1:1", "/tmp/other-ca.pem"), settings)
     assert connection == TunerConnection("127.0.0.1:1", Path("/tmp/other-ca.pem"), None)
 
@@ -50,12 +50,12 @@ def test_empty_variables_are_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AISTACK_TUNER_TARGET", "")
     monkeypatch.setenv("AISTACK_TUNER_TLS_CA_FILE", "")
     monkeypatch.setenv("AISTACK_TUNER_AUTH_TOKEN", "")
-    settings = load_settings(StudyClientSettings)
+    settings = load_settings(TunerClientSettings)
     assert tuner_connection(flags(), settings) == TunerConnection("localhost:50051", None, None)
 
 
 def test_the_forecast_example_opts_in_to_retuning_on_drift() -> None:
-    from compose.study import load_spec
+    from aistack.studies import load_spec
     from svc_tuner import spec as specs
 
     root = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def test_the_forecast_example_opts_in_to_retuning_on_drift() -> None:
 
 
 def test_a_replay_prints_a_line_per_trial_and_the_verdict() -> None:
-    from compose.study import describe_replay
+    from aistack.studies import describe_replay
     from shared.contracts.aistack.v1 import common_pb2
     from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 

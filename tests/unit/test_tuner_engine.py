@@ -16,7 +16,7 @@ import pytest
 from optuna.storages import BaseStorage, InMemoryStorage, JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from compose.study import load_spec
+from aistack.studies import load_spec
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import AlreadyExists, NotFound
@@ -218,6 +218,36 @@ def test_a_configuration_at_fault_is_quarantined_at_once(
 
     assert tuner.apply(failed).requests == []
     assert tuner.counts(study_id) == {"quarantined": 1}
+
+
+def test_a_study_whose_code_cannot_load_fails_once_instead_of_quarantining_trial_after_trial(
+    engine: tuple[Engine, Clock, str],
+) -> None:
+    tuner, _, unique = engine
+    study_id = create(tuner, unique)
+    first, *others = publish(tuner, tuner.ask(study_id))
+    failure = tuning_pb2.TrialFailed(
+        reason="user_code_import",
+        message="cannot import task.entrypoint 'mypkg.train:train': no module 'mypkg'",
+        traceback="Traceback (most recent call last):\nModuleNotFoundError: No module named "
+        "'mypkg'",
+        fatal_to_study=True,
+    )
+
+    outcome = tuner.apply(report(first, failed=failure))
+
+    # The others in flight are told to stop; nothing more is asked.
+    assert sorted(c.trial_id for c in outcome.controls) == sorted(o.trial_id for o in others)
+    assert {c.action for c in outcome.controls} == {tuning_pb2.CONTROL_ACTION_STOP}
+    assert tuner.state(study_id) == api.STUDY_STATE_FAILED
+    assert tuner.error(study_id).startswith(f"trial {first.trial_number}: attempt 1: ")
+    assert "no module 'mypkg'" in tuner.error(study_id)
+    assert tuner.ask(study_id).requests == []
+    assert tuner.counts(study_id) == {"failed": 3}
+    shown = details(tuner.trial(study_id, first.trial_number))
+    assert shown.traceback.endswith("No module named 'mypkg'")
+    result = tuner.unannounced_result(study_id)
+    assert result is not None and result.error == tuner.error(study_id) and not result.stopped
 
 
 def test_a_restarted_engine_continues_the_study(

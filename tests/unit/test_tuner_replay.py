@@ -12,7 +12,7 @@ import pytest
 from optuna.storages import BaseStorage, InMemoryStorage, JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
-from compose.study import describe_replay, load_spec
+from aistack.studies import describe_replay, load_spec
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import FailedPrecondition, NotFound

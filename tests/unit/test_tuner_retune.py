@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from optuna.storages import InMemoryStorage
 
-from compose.study import load_spec
+from aistack.studies import load_spec
 from shared.contracts.aistack.v1 import models_pb2, monitoring_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.objective import VERSION_OFFSET, baseline_metric

@@ -9,7 +9,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from compose.study import load_spec
+from aistack.studies import load_spec
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import FailedPrecondition, InvalidArgument
 from svc_tuner import spec as specs
@@ -75,6 +75,14 @@ def _broken(change: Callable[[tuning_pb2.StudySpec], None]) -> tuning_pb2.StudyS
     return spec
 
 
+def _user_model(ref: str) -> Callable[[tuning_pb2.StudySpec], None]:
+    def change(spec: tuning_pb2.StudySpec) -> None:
+        spec.task.ClearField("model_family")
+        spec.task.model = ref
+
+    return change
+
+
 def _set_low(index: int, domain: str, value: float) -> Callable[[tuning_pb2.StudySpec], None]:
     return lambda s: setattr(getattr(s.params[index], domain), "low", value)
 
@@ -104,6 +112,13 @@ def _set_low(index: int, domain: str, value: float) -> Callable[[tuning_pb2.Stud
         (lambda s: setattr(s.params[3].int_range, "step", 2), "params[3].int_range.step"),
         (lambda s: setattr(s.retune, "max_trials", -1), "retune.max_trials"),
         (lambda s: setattr(s.retune, "warm_trials", -2), "retune.warm_trials"),
+        (lambda s: setattr(s.task, "model", "mypkg.models"), "task.model_family"),
+        (
+            lambda s: (s.task.ClearField("model_family"), setattr(s.task, "model", "x")),
+            "task.model",
+        ),
+        (lambda s: setattr(s.task, "dataset", "pkg.data:load me"), "task.dataset"),
+        (lambda s: setattr(s.task.code, "uri", "file:///x.tar.gz"), "task.code.sha256"),
     ],
 )
 def test_an_invalid_spec_names_the_field(

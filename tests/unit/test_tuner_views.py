@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from optuna.storages import InMemoryStorage
 
-from compose.study import load_spec
+from aistack.studies import load_spec
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1 import tuning_pb2
 from svc_tuner import views

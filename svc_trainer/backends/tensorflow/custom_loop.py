@@ -91,7 +91,7 @@ def train_custom(
         tf.distribute.coordinator.ClusterCoordinator(strategy) if name == PARAMETER_SERVER else None
     )
     with strategy.scope():
-        model = tf_models.build_model(spec.model_family, hp, data)
+        model = tf_models.model_for(spec, data)
         optimizer = tf_models.make_optimizer(hp)
         if keras.mixed_precision.global_policy().name == "mixed_float16":
             optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
@@ -155,7 +155,7 @@ def train_custom(
         )
     else:
         iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-        broadcast = _chief_broadcast(strategy)
+        broadcast = chief_broadcast(strategy)
 
         def agree(reason: StopReason) -> StopReason:
             agreed = broadcast([tf.constant(float(reason), tf.float32)])
@@ -180,7 +180,7 @@ def train_custom(
         start, note = checkpoints.restore() if chief else (0, "")
         if coordinator is None:
             variables = [*model.variables, *optimizer.variables]
-            values = _chief_broadcast(strategy)(
+            values = chief_broadcast(strategy)(
                 [tf.constant(start, tf.int64), *[v.value for v in variables]]
             )
             start = int(values[0].numpy())
@@ -264,7 +264,7 @@ def _custom_epochs(
     return completed, metrics, StopReason.NONE
 
 
-def _chief_broadcast(strategy: Any) -> Callable[[list[Any]], list[Any]]:
+def chief_broadcast(strategy: Any) -> Callable[[list[Any]], list[Any]]:
     """A function giving every worker the chief's values (replica 0's) of a
     list of tensors, through one all-reduce to which the others add zeros.
     Every worker must call it at the same point, with the same structure."""
@@ -299,6 +299,6 @@ def _chief_broadcast(strategy: Any) -> Callable[[list[Any]], list[Any]]:
 def _local_copy(model: Any, spec: RunSpec, data: DataSplits) -> Any:
     """The same network with this process's own variables holding ``model``'s
     weights (built outside any strategy scope)."""
-    copy = tf_models.build_model(spec.model_family, spec.hparams, data)
+    copy = tf_models.model_for(spec, data)
     copy.set_weights(model.get_weights())
     return copy

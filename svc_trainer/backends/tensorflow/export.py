@@ -31,7 +31,7 @@ def export(
     policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy("float32")
     try:
-        served = tf_models.build_model(spec.model_family, spec.hparams, data)
+        served = tf_models.model_for(spec, data)
     finally:
         keras.mixed_precision.set_global_policy(policy)
     served.set_weights(model.get_weights())

@@ -122,7 +122,7 @@ def train_fit(
     checkpoint; returns the result and the trained model."""
     hp = spec.hparams
     with strategy.scope(), _replica_updated_state(strategy):
-        model = tf_models.build_model(spec.model_family, hp, data)
+        model = tf_models.model_for(spec, data)
         tf_models.compile_model(model, hp, data.task)
         # Built now, so that a checkpoint restores the optimizer's slots too.
         model.optimizer.build(model.trainable_variables)

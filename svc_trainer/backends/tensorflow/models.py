@@ -33,6 +33,7 @@ from svc_trainer.plan import (
     TASK_REGRESSION,
     DataSplits,
     Hyperparams,
+    RunSpec,
     TrialError,
 )
 
@@ -82,6 +83,19 @@ def check_fits(model_family: str, data: DataSplits) -> None:
             )
     else:
         raise TrialError(f"unknown task {data.task!r}", reason="invalid_params")
+
+
+def model_for(spec: RunSpec, data: DataSplits) -> Any:
+    """A fresh, built ``keras.Model`` for the trial: its built-in family
+    (``build_model``) or the user's (``task.model``), under whatever
+    ``tf.distribute`` scope is active."""
+    if spec.model:
+        import keras
+
+        from svc_trainer.user_code import models as user_models
+
+        return user_models.build(spec, data, keras.Model, "keras.Model")
+    return build_model(spec.model_family, spec.hparams, data)
 
 
 def feature_stats(x_train: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:

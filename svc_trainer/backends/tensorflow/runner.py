@@ -23,6 +23,10 @@ Strategies (``spec.strategy``):
   Keras 3's ``fit`` has no ParameterServerStrategy support, so a custom loop
   schedules per-worker steps with a ``ClusterCoordinator``.
 
+The model is a built-in family's or the user's (``task.model``); a
+training loop of the user's (``task.entrypoint``) replaces the platform's
+loops under every strategy (``user_loop``).
+
 In every strategy the global batch is ``hparams.batch_size`` (split over the
 replicas), so a trial means the same optimisation whatever runs it. Only the
 chief talks to the channel, restores and writes ``spec.checkpoint_dir`` and
@@ -85,9 +89,13 @@ def run(spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
     into ``spec.export_dir`` (chief only)."""
     result, model = train(spec, data, channel)
     given = given_role(spec, strategy_of(spec))
-    if result.stopped is not StopReason.NONE or not spec.export:
-        return result
     if given is not None and not given.is_chief:
+        return result
+    if spec.entrypoint:
+        from svc_trainer.backends.tensorflow import user_loop
+
+        return user_loop.finish(spec, result, model)
+    if result.stopped is not StopReason.NONE or not spec.export:
         return result
     inputs, outputs = export(model, spec, data)
     return replace(result, export_format=EXPORT_FORMAT, inputs=inputs, outputs=outputs)
@@ -97,8 +105,10 @@ def train(spec: RunSpec, data: DataSplits, channel: Channel) -> tuple[RunResult,
     """Train ``spec.epochs`` epochs from the last good checkpoint; no export.
 
     Returns the result and the trained ``keras.Model`` (logits for a
-    classifier). Meant to run in a fresh process: it configures TensorFlow
-    globally (threads, logical devices, precision policy, seeds). Raises
+    classifier), or for a training loop of the user's what it asked to
+    export (an ``aistack.trial.ExportRequest``, or None). Meant to run in a
+    fresh process: it configures TensorFlow globally (threads, logical
+    devices, precision policy, seeds). Raises
     TrialError (before any training) for a configuration that cannot train;
     any other exception is the machine's fault. Child processes are reaped
     before it returns or raises."""
@@ -157,6 +167,10 @@ def _train(
         gpus=devices.gpus,
         mixed_precision=devices.mixed_precision,
     )
+    if spec.entrypoint:
+        from svc_trainer.backends.tensorflow import user_loop
+
+        return user_loop.train(spec, data, channel, strategy, strategy_name, role)
     if strategy_name in LOCAL_STRATEGIES:
         return train_fit(spec, data, channel, strategy)
     return train_custom(spec, data, channel, strategy, strategy_name, role, scratch)

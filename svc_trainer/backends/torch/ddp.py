@@ -47,8 +47,8 @@ def ddp_world_size(spec: RunSpec) -> int:
 
 
 def ddp(
-    spec: RunSpec, data: DataSplits, channel: Channel, model: nn.Sequential
-) -> tuple[RunResult, nn.Sequential]:
+    spec: RunSpec, data: DataSplits, channel: Channel, model: nn.Module
+) -> tuple[RunResult, nn.Module]:
     """DDP over ``ddp_world_size`` ranks on this node: this process is rank
     0, the others are started (and always reaped) by a ``LocalGroup``.
     Raises RuntimeError when another rank did not exit cleanly."""
@@ -56,7 +56,7 @@ def ddp(
     if use_cuda(spec.device):
         check_replicas_fit("ddp", world, torch.cuda.device_count())
     init = f"tcp://127.0.0.1:{free_port()}"
-    context = _rank_context()
+    context = rank_context()
     with LocalGroup(spec.trial_id, grace_s=RANKS_TERMINATE_GRACE_S) as ranks:
         for rank in range(1, world):
             ranks.start_function(
@@ -70,7 +70,7 @@ def ddp(
     return result, trained
 
 
-def _rank_context() -> Any:
+def rank_context() -> Any:
     """Where DDP ranks start: forked from a server process that imported
         this module (and torch) once, so a rank pays no import; the server is
         started by the first DDP trial of a warm executor and serves the rest.
@@ -121,7 +121,7 @@ def _ddp_rank(rank: int, world: int, init: str, spec: RunSpec, data: DataSplits)
 
 def train_under_launcher(
     spec: RunSpec, data: DataSplits, channel: Channel
-) -> tuple[RunResult, nn.Sequential]:
+) -> tuple[RunResult, nn.Module]:
     """DDP as one rank started by torchrun (or any launcher that sets RANK,
     WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT), on as many nodes as
     the launcher's rendezvous joins. Rank 0 talks to ``channel``."""
@@ -153,11 +153,11 @@ def _ddp_train(
     spec: RunSpec,
     data: DataSplits,
     channel: Channel,
-    model: nn.Sequential,
+    model: nn.Module,
     *,
     local_rank: int | None = None,
     local_world: int | None = None,
-) -> tuple[RunResult, nn.Sequential]:
+) -> tuple[RunResult, nn.Module]:
     cuda = use_cuda(spec.device)
     local = rank if local_rank is None else local_rank
     if not cuda:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 from shared.log import get_logger
@@ -78,7 +79,7 @@ class Loop:
         self,
         spec: RunSpec,
         data: DataSplits,
-        model: nn.Sequential,
+        model: nn.Module,
         forward: nn.Module,
         first: torch.device,
         last: torch.device,
@@ -196,7 +197,11 @@ class Loop:
         inputs = torch.as_tensor(x)
         classify = self.data.task == TASK_CLASSIFICATION
         targets = torch.as_tensor(y if classify else y.reshape(-1, 1)).to(self.last)
-        outs = [self.forward(chunk.to(self.first)) for chunk in torch.split(inputs, 1024)]
+        # Only the chief evaluates: through DDP's wrapper, a model with buffers
+        # (a Standardize) would broadcast them to ranks that are not listening.
+        ddp = isinstance(self.forward, DistributedDataParallel)
+        scorer = self.model if ddp else self.forward
+        outs = [scorer(chunk.to(self.first)) for chunk in torch.split(inputs, 1024)]
         out = torch.cat(outs).float()
         if classify:
             loss = nn.functional.cross_entropy(out, targets).item()

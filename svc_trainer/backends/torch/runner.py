@@ -20,10 +20,15 @@
 On a GPU the training split is copied to the device once when it fits (see
 ``devices.data_placement``), else batches travel from pinned host memory.
 
+The model is a built-in family's or the user's (``task.model``): the same
+loop trains either. A training loop of the user's (``task.entrypoint``)
+replaces the loop instead, under ``single`` and ``ddp`` and every launcher
+(``user_loop``).
+
 This module composes the runner: ``strategy`` (names, checks),
 ``devices`` (devices, ``TwoStage``, mixed precision), ``loop``
-(one process's loop and checkpoints), ``backends.torch.ddp`` (the ranks, started
-through ``launch``).
+(one process's loop and checkpoints), ``ddp`` (the ranks, started
+through ``backends.launch``), ``user_loop``.
 """
 
 from __future__ import annotations
@@ -55,6 +60,12 @@ from svc_trainer.plan import (
 
 
 def run(spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
+    if spec.entrypoint:
+        from svc_trainer.backends.torch import user_loop
+
+        if spec.threads > 0:
+            torch.set_num_threads(spec.threads)
+        return user_loop.run(spec, data, channel)
     result, model = train(spec, data, channel)
     if result.stopped is not StopReason.NONE or not spec.export:
         return result
@@ -63,7 +74,7 @@ def run(spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
     return replace(result, export_format="torch_export", inputs=inputs, outputs=outputs)
 
 
-def train(spec: RunSpec, data: DataSplits, channel: Channel) -> tuple[RunResult, nn.Sequential]:
+def train(spec: RunSpec, data: DataSplits, channel: Channel) -> tuple[RunResult, nn.Module]:
     """Train without exporting; returns the result and the trained model
     (on its devices)."""
     torch.manual_seed(spec.seed)
@@ -77,6 +88,7 @@ def train(spec: RunSpec, data: DataSplits, channel: Channel) -> tuple[RunResult,
     if strategy == "ddp":
         return ddp(spec, data, channel, model)
     if strategy == "model_parallel":
+        assert isinstance(model, nn.Sequential)  # check() refuses any other
         first, second = two_devices(spec.device)
         cut = torch_models.split_point(model)
         forward: nn.Module = TwoStage(model, cut, first, second)

@@ -26,24 +26,25 @@ seconds.
 - The data travel pickled with the tasks.
 - A rank that fails raises RuntimeError naming the rank and its error
   (TrialError, with the rank's reason, for a trial error), as ``ddp`` does.
+- A training loop of the user's (``user_loop_on_spark``) runs in every rank
+  the same way; rank 0 exports what it asked to export in its task and
+  returns the files, which the driver unpacks into ``spec.export_dir``.
 """
 
 from __future__ import annotations
 
-import atexit
 import io
 import os
-import re
-import sys
+import tarfile
+import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import nn
 
-from shared.settings import SparkSettings
-from shared.spark_session import session as spark_session
+from svc_trainer.backends import spark_launch
 from svc_trainer.backends.spark_channel import (
     DriverAddress,
     DriverChannel,
@@ -53,42 +54,41 @@ from svc_trainer.backends.spark_channel import (
 )
 from svc_trainer.backends.torch.ddp import ddp_world_size, train_under_launcher
 from svc_trainer.plan import Channel, DataSplits, RunResult, RunSpec, TrialError
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-APP_NAME = "aistack-trainer"
-_ERROR_LINE = re.compile(r"^[\w.]+(Error|Exception): ")
+from svc_trainer.user_code.packages import put_on_path
 
 
 def ddp_on_spark(
-    spec: RunSpec, data: DataSplits, channel: Channel, model: nn.Sequential
-) -> tuple[RunResult, nn.Sequential]:
+    spec: RunSpec, data: DataSplits, channel: Channel, model: nn.Module
+) -> tuple[RunResult, nn.Module]:
     """Train ``spec`` as ``ddp`` on Spark; returns rank 0's result and
     ``model`` holding rank 0's trained weights (on the CPU). TrialError when
     the trainer has no Spark settings or a local master has fewer cores than
     ranks; RuntimeError when a rank or the Spark job fails."""
+    output = _distribute(spec, data, channel, _rank)
+    result, weights = output
+    model.cpu().load_state_dict(torch.load(io.BytesIO(weights), weights_only=True))
+    return result, model
+
+
+def user_loop_on_spark(spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
+    """Run the user's training loop (``task.entrypoint``) as ``ddp`` on
+    Spark; returns rank 0's result, its export unpacked into
+    ``spec.export_dir``. Raises as ``ddp_on_spark``."""
+    result, files = _distribute(spec, data, channel, _user_rank)
+    if files:
+        target = Path(spec.export_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(files), mode="r") as tar:
+            tar.extractall(target, filter="data")
+    return result  # type: ignore[no-any-return]
+
+
+def _distribute(spec: RunSpec, data: DataSplits, channel: Channel, rank_fn: Any) -> Any:
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    if spec.spark is None:
-        raise TrialError(
-            "launcher spark: this trainer was given no Spark settings", reason="invalid_params"
-        )
+    context = spark_launch.session_for(spec).sparkContext
     world = ddp_world_size(spec)
-    session = _SESSION.get(spec.spark, Path(spec.spark_work_dir or Path.cwd() / "spark"))
-    context = session.sparkContext
-    if spec.spark.is_local():
-        if world > context.defaultParallelism:
-            # A barrier stage needs every rank's slot at once; Spark would
-            # retry for minutes before giving up.
-            raise TrialError(
-                f"launcher spark: world_size {world} but {spec.spark.master} runs "
-                f"{context.defaultParallelism} tasks at once",
-                reason="invalid_params",
-            )
-        if spec.threads == 0:
-            # The ranks share this host's cores, as ddp's do.
-            spec = replace(spec, threads=max(1, (os.cpu_count() or 1) // world))
+    spec = spark_launch.fitted(spec, world, context)
     context.setJobDescription(f"aistack trial {spec.trial_id} (ddp, {world} ranks)")
     host = context.getConf().get("spark.driver.host") or "127.0.0.1"
     with ProgressServer(host, channel) as server:
@@ -96,24 +96,12 @@ def ddp_on_spark(
             num_processes=world, local_mode=False, use_gpu=spec.device == "cuda"
         )
         try:
-            output = distributor.run(_rank, spec, data, server.address)
+            output = distributor.run(rank_fn, spec, data, server.address)
         except Exception as exc:
-            raise _failure(server.failure, exc) from exc
+            raise spark_launch.failure(server.failure, exc, "ddp on Spark") from exc
     if output is None:
         raise RuntimeError("ddp on Spark: rank 0 returned nothing")
-    result, weights = output
-    model.cpu().load_state_dict(torch.load(io.BytesIO(weights), weights_only=True))
-    return result, model
-
-
-def _failure(reported: RankFailure | None, exc: Exception) -> Exception:
-    if reported is not None and reported.reason:
-        return TrialError(f"ddp on Spark: {reported.line()}", reason=reported.reason)
-    if reported is not None:
-        return RuntimeError(f"ddp on Spark: {reported.line()}")
-    lines = [line for line in str(exc).splitlines() if _ERROR_LINE.match(line)]
-    said = lines[-1][:500] if lines else type(exc).__name__
-    return RuntimeError(f"ddp on Spark: the job failed: {said}")
+    return output
 
 
 def _rank(spec: RunSpec, data: DataSplits, driver: DriverAddress) -> tuple[RunResult, bytes] | None:
@@ -121,20 +109,10 @@ def _rank(spec: RunSpec, data: DataSplits, driver: DriverAddress) -> tuple[RunRe
     returns its result and weights (TorchDistributor hands them to the
     driver), the others None."""
     rank = int(os.environ["RANK"])
-    channel = DriverChannel(driver)
-    try:
-        result, model = train_under_launcher(spec, data, channel)
-    except Exception as exc:
-        reason = exc.reason if isinstance(exc, TrialError) else ""
-        report_failure(driver, RankFailure(rank, type(exc).__name__, str(exc)[:2000], reason))
-        raise
-    finally:
-        channel.close()
-    # TorchDistributor's script writes what this returns, then the
-    # interpreter tears down, where gloo's threads now and then abort a
-    # finished rank ("terminate called without an active exception"): once
-    # the output is written, leave without the teardown.
-    atexit.register(_exit_now)
+    result, model = _reporting(
+        rank, driver, lambda channel: train_under_launcher(spec, data, channel), spec
+    )
+    spark_launch.exit_once_written()
     if rank != 0:
         return None
     buffer = io.BytesIO()
@@ -142,38 +120,50 @@ def _rank(spec: RunSpec, data: DataSplits, driver: DriverAddress) -> tuple[RunRe
     return result, buffer.getvalue()
 
 
-def _exit_now() -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+def _user_rank(
+    spec: RunSpec, data: DataSplits, driver: DriverAddress
+) -> tuple[RunResult, bytes] | None:
+    """One rank of a user's loop; rank 0 exports in its task and returns its
+    result and the exported files (a tar), the others None."""
+    from svc_trainer.backends.torch import user_loop
+
+    rank = int(os.environ["RANK"])
+    outcome, request = _reporting(
+        rank, driver, lambda channel: user_loop.under_launcher(spec, data, channel), spec
+    )
+    spark_launch.exit_once_written()
+    if rank != 0:
+        return None
+    assert outcome is not None  # rank 0's
+    with tempfile.TemporaryDirectory(prefix="aistack-export-") as scratch:
+        result = user_loop.finish(replace(spec, export_dir=scratch), outcome, request)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for path in sorted(Path(scratch).rglob("*")):
+                tar.add(path, arcname=str(path.relative_to(scratch)), recursive=False)
+    return result, buffer.getvalue()
 
 
-class _Session:
-    """The executor's SparkSession, replaced only when a trial brings other
-    Spark settings."""
-
-    def __init__(self) -> None:
-        self._settings: SparkSettings | None = None
-        self._session: SparkSession | None = None
-
-    def get(self, settings: SparkSettings, work_dir: Path) -> SparkSession:
-        if self._session is not None and self._settings == settings:
-            return self._session
-        self.stop()
-        self._session = spark_session(settings, APP_NAME, work_dir=work_dir)
-        self._settings = settings
-        return self._session
-
-    def stop(self) -> None:
-        if self._session is not None:
-            self._session.stop()
-        self._session = None
-        self._settings = None
-
-
-_SESSION = _Session()
-
-
-def stop_session() -> None:
-    """Stop the session the Spark trials of this process share, if any."""
-    _SESSION.stop()
+def _reporting(rank: int, driver: DriverAddress, train: Any, spec: RunSpec) -> Any:
+    """``train(channel)`` with the driver as rank 0's channel; a failure is
+    reported to the driver (its reason, when a TrialError) before it raises."""
+    channel = DriverChannel(driver)
+    try:
+        put_on_path(spec.code)  # a task's process: not the executor's path
+        return train(channel)
+    except Exception as exc:
+        error = exc if isinstance(exc, TrialError) else None
+        report_failure(
+            driver,
+            RankFailure(
+                rank,
+                type(exc).__name__,
+                str(exc)[:2000],
+                error.reason if error else "",
+                error.retryable if error else False,
+                error.traceback if error else "",
+            ),
+        )
+        raise
+    finally:
+        channel.close()

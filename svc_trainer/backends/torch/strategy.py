@@ -35,11 +35,23 @@ def metric_names(task: str) -> tuple[str, ...]:
     return (*regression_metrics(0, 0, 0), "samples_per_s")
 
 
-def check(spec: RunSpec, data: DataSplits) -> nn.Sequential:
+def check(spec: RunSpec, data: DataSplits) -> nn.Module:
     """Everything about the trial that can be wrong before training starts;
-    returns the (untrained) model."""
-    strategy_of(spec)
-    model = torch_models.build(spec.model_family, spec.hparams, data)
+    returns the (untrained) model: a built-in family's, or the user's
+    (``task.model``)."""
+    strategy = strategy_of(spec)
+    if spec.model:
+        from svc_trainer.user_code import models as user_models
+
+        model: nn.Module = user_models.build(spec, data, nn.Module, "torch.nn.Module")
+        if strategy == "model_parallel" and not isinstance(model, nn.Sequential):
+            raise TrialError(
+                f"model_parallel cuts an nn.Sequential into two stages; task.model "
+                f"{spec.model!r} returned a {type(model).__name__}",
+                reason="invalid_params",
+            )
+    else:
+        model = torch_models.build(spec.model_family, spec.hparams, data)
     if spec.objective_metric not in metric_names(data.task):
         raise TrialError(
             f"objective metric {spec.objective_metric!r} is not reported for {data.task}; "

@@ -13,7 +13,9 @@ publishes; ``aistack study`` shows them). Rank 0 checkpoints every epoch into
 ``--out``/checkpoints (uploaded there before the epoch's line when ``--out``
 is remote, so a restarted torchrun resumes after the last epoch printed),
 prints one JSON line per epoch, and at the end exports the model into
-``--out``/model and prints the result with the model's sha256. ``--out`` must
+``--out``/model and prints the result with the model's sha256. A trial of
+the user's code (``task.model``, ``task.entrypoint``) runs the same way, its
+shipped package (``task.code``) fetched and checked by every rank. ``--out`` must
 be reachable from every node (shared disk, or any fsspec URL: ``s3://…``,
 ``ftp://user:password@host/dir``…).
 """
@@ -82,6 +84,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from svc_trainer import data as datasets
     from svc_trainer.backends.torch import ddp as torch_ddp
     from svc_trainer.backends.torch import runner as torch_runner
+    from svc_trainer.backends.torch import user_loop
+    from svc_trainer.user_code.packages import put_on_path
 
     request = json_format.Parse(args.trial.read_text(), tuning_pb2.TrialRequested())
     store = ArtifactStore(args.out)
@@ -103,22 +107,35 @@ def main(argv: Sequence[str] | None = None) -> int:
                 device=args.device,
                 threads=0,
                 world_size=int(os.environ["WORLD_SIZE"]),
+                code_cache=Path(tempfile.gettempdir()) / "aistack-code",
             )
+            put_on_path(spec.code)
             wanted = trials.data_request(
                 request, features_path=args.features_path, mnist_path=args.mnist_path
             )
             data = datasets.load(
                 wanted.dataset, wanted.options, seed=wanted.seed, features_path=wanted.features_path
             )
-            result, model = torch_ddp.train_under_launcher(spec, data, _PrintChannel(upload))
+            channel = _PrintChannel(upload)
+            if spec.entrypoint:
+                outcome, request_export = user_loop.under_launcher(spec, data, channel)
+                if rank != 0:
+                    return 0
+                assert outcome is not None  # rank 0's
+                result = user_loop.finish(spec, outcome, request_export)
+            else:
+                result, model = torch_ddp.train_under_launcher(spec, data, channel)
+                if rank != 0:
+                    return 0
+                torch_runner.export(model, data, work / "model")
         except TrialError as error:
-            print(json.dumps({"event": "failed", "reason": error.reason, "message": str(error)}))
+            failed = {"event": "failed", "reason": error.reason, "message": str(error)}
+            print(json.dumps({**failed, "traceback": error.traceback}))
             return 2
-        if rank != 0:
-            return 0
-        torch_runner.export(model, data, work / "model")
-        sha, size = digest(work / "model")
-        uri = store.put_dir(work / "model", "model")
+        uri, sha, size = "", "", 0
+        if (work / "model").is_dir():
+            sha, size = digest(work / "model")
+            uri = store.put_dir(work / "model", "model")
     print(
         json.dumps(
             {

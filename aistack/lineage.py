@@ -1,8 +1,10 @@
-"""``aistack lineage REQUEST_ID | MODEL@VERSION``: a prediction (or a model
-version) walked back to the raw Kafka records under it.
+"""A prediction (or a model version) walked back to the raw Kafka records
+under it: ``aistack lineage REQUEST_ID | MODEL@VERSION``, ``Client.lineage``.
 
     prediction → model version, artifact digest → study, trial, parameters
-               → training data: offline-store files → the windows' clean-event
+               → the user's code: its package's digest, model or loop
+               → training data: its identity (columns, label, split);
+                 offline-store files → the windows' clean-event
                  positions → the raw records' positions (a few shown)
                → the feature window it was fed (requests by entity) → clean
                  events → raw records (a few shown)
@@ -26,13 +28,16 @@ from confluent_kafka import Consumer, TopicPartition
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from compose.settings import LineageSettings
+from aistack.settings import LineageSettings
 from shared.bus.consumer import read_to_end
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, models_pb2, predictions_pb2
 from shared.errors import AistackError, InvalidArgument, NotFound
 from shared.feature_store import WEB_LATENCY, merge_sources
 from shared.objective import version_number
 from shared.settings import KafkaSettings
+
+#: The offline store's dataset name in a model's lineage (svc_trainer's ``features``).
+FEATURES_DATASET = "features"
 
 
 @dataclass
@@ -211,13 +216,27 @@ class _Walk:
                 {"study_id": lineage.study_id, "trial_id": lineage.trial_id},
             )
         )
+        if lineage.HasField("code"):
+            node.children.append(_code(lineage.code))
         node.children.append(self.training_data(lineage.data))
         return node
 
     def training_data(self, data: models_pb2.DataLineage) -> Node:
         node = Node(f"training data {data.dataset}", {"dataset": data.dataset})
+        identity = _identity(data)
+        if identity:
+            node.title += f" ({identity})"
+            node.facts.update(
+                {"features": list(data.features), "label": data.label, "split": data.split}
+            )
         if not data.files:
-            node.title += " (not read from files: no bus positions to follow)"
+            node.title += ": not read from files, no bus positions to follow"
+            return node
+        if not data.dataset.startswith(f"{FEATURES_DATASET}@"):
+            # A table of the user's: its files are the lineage's end.
+            node.title += f": {len(data.files)} files"
+            node.facts["files"] = list(data.files)
+            node.children.extend(Node(f"file {path}") for path in data.files[:10])
             return node
         present = [path for path in data.files if Path(path).exists()]
         missing = len(data.files) - len(present)
@@ -394,6 +413,33 @@ def _fed(logged: predictions_pb2.PredictionLogged) -> Windows:
     else:
         windows.add_entity(logged.entity_id)
     return windows
+
+
+def _code(code: models_pb2.CodeLineage) -> Node:
+    function = code.entrypoint or code.model
+    kind = "training loop" if code.entrypoint else "model"
+    title = f"the user's {kind} {function}"
+    facts: dict[str, Any] = {"code": json_format.MessageToDict(code)}
+    if code.HasField("package"):
+        package = code.package
+        title += (
+            f", shipped as {package.name or 'a package'} sha256 {package.sha256} at {package.uri}"
+        )
+    else:
+        title += ", installed in the trainers' environment"
+    return Node(title, facts)
+
+
+def _identity(data: models_pb2.DataLineage) -> str:
+    parts = []
+    if data.features:
+        shown = ", ".join(data.features[:6]) + (" …" if len(data.features) > 6 else "")
+        parts.append(f"{len(data.features)} features: {shown}")
+    if data.label:
+        parts.append(f"label {data.label}")
+    if data.split:
+        parts.append(data.split)
+    return "; ".join(parts)
 
 
 def _range_text(span: common_pb2.OffsetRange) -> str:

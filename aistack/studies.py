@@ -1,0 +1,183 @@
+"""Studies as a user writes and reads them: a spec from YAML, JSON or a
+dict; a directory of code shipped with one; a study and its trials in
+words (what ``aistack study`` prints and ``Client`` returns).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import json_format
+
+from shared import code_packages
+from shared.artifacts import ArtifactStore
+from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
+from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+from shared.errors import InvalidArgument
+
+BAR_WIDTH = 24
+#: Lines of a failed trial's traceback ``describe_study`` shows.
+TRACEBACK_SHOWN = 6
+
+Spec = tuning_pb2.StudySpec | Mapping[str, Any] | str | os.PathLike[str]
+
+
+def load_spec(text: str) -> tuning_pb2.StudySpec:
+    """A StudySpec from YAML or JSON text (field names as in the proto, or camelCase)."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise InvalidArgument(f"spec is not YAML or JSON: {error}") from error
+    return spec_from_dict(document)
+
+
+def spec_from_dict(document: object) -> tuning_pb2.StudySpec:
+    if not isinstance(document, dict):
+        raise InvalidArgument("spec must be a mapping of StudySpec fields")
+    try:
+        return json_format.ParseDict(document, tuning_pb2.StudySpec())
+    except json_format.ParseError as error:
+        raise InvalidArgument(f"spec does not match StudySpec: {error}") from error
+
+
+def spec_of(spec: Spec) -> tuning_pb2.StudySpec:
+    """A StudySpec from a message, a mapping, a path to a YAML or JSON file,
+    or YAML or JSON text."""
+    if isinstance(spec, tuning_pb2.StudySpec):
+        copy = tuning_pb2.StudySpec()
+        copy.CopyFrom(spec)
+        return copy
+    if isinstance(spec, Mapping):
+        return spec_from_dict(dict(spec))
+    if isinstance(spec, os.PathLike):
+        return load_spec(Path(spec).read_text())
+    if "\n" not in spec and spec.endswith((".yaml", ".yml", ".json")) and Path(spec).is_file():
+        return load_spec(Path(spec).read_text())
+    return load_spec(spec)
+
+
+def ship_code(directory: Path, artifact_root: str) -> common_pb2.CodePackage:
+    """Pack ``directory`` (``shared.code_packages``) and store the archive in
+    the artifact store under its digest (once: the same files, the same
+    object); what a study's task names to get it to the trainers."""
+    packed = code_packages.pack(directory)
+    store = ArtifactStore(artifact_root)
+    if store.exists(packed.key):
+        uri = store.uri(packed.key)
+    else:
+        uri = store.put_bytes(packed.data, packed.key)
+    return common_pb2.CodePackage(
+        uri=uri, sha256=packed.sha256, size_bytes=len(packed.data), name=packed.name
+    )
+
+
+def with_code(spec: tuning_pb2.StudySpec, package: common_pb2.CodePackage) -> tuning_pb2.StudySpec:
+    """``spec`` whose task names ``package``."""
+    shipped = tuning_pb2.StudySpec()
+    shipped.CopyFrom(spec)
+    shipped.task.code.CopyFrom(package)
+    return shipped
+
+
+# ---- in words ----
+
+
+def progress_line(trials: Iterable[api.Trial], total: int, maximize: bool) -> str:
+    """``[#####.....] 5/16  requested 1  running 3  completed 5 ... best 0.0123 (trial 4)``."""
+    listed = list(trials)
+    counts = Counter(
+        api.TrialState.Name(t.state).removeprefix("TRIAL_STATE_").lower() for t in listed
+    )
+    finished = sum(counts[s] for s in ("completed", "pruned", "failed", "quarantined"))
+    filled = round(BAR_WIDTH * finished / total) if total else 0
+    bar = "#" * filled + "." * (BAR_WIDTH - filled)
+    parts = [f"[{bar}] {finished}/{total}"]
+    for name in ("requested", "running", "completed", "pruned", "failed", "quarantined"):
+        parts.append(f"{name} {counts[name]}")
+    done = [t for t in listed if t.state == api.TRIAL_STATE_COMPLETED and t.HasField("value")]
+    if done:
+        best = (max if maximize else min)(done, key=lambda t: t.value)
+        parts.append(f"best {best.value:.6g} (trial {best.number})")
+    return "  ".join(parts)
+
+
+def describe_trial(trial: api.Trial) -> str:
+    params = ", ".join(
+        f"{name}={getattr(v, v.WhichOneof('kind') or 'float_value')}"
+        for name, v in sorted(trial.params.items())
+    )
+    value = f"{trial.value:.6g}" if trial.HasField("value") else "-"
+    state = api.TrialState.Name(trial.state).removeprefix("TRIAL_STATE_").lower()
+    model = f"; model {trial.model_name}@{trial.model_version}" if trial.model_version else ""
+    return f"trial {trial.number} ({state}): value {value}; {params}{model}"
+
+
+def describe_failure(trial: api.Trial) -> list[str]:
+    """A failed or quarantined trial: its last error and the last lines of
+    its traceback, indented under the trial's line."""
+    lines = [describe_trial(trial)]
+    if trial.errors:
+        lines.append(f"    {trial.errors[-1]}")
+    if trial.traceback:
+        lines += [f"      {line}" for line in trial.traceback.splitlines()[-TRACEBACK_SHOWN:]]
+    return lines
+
+
+def describe_study(study: api.Study, trials: Iterable[api.Trial] = ()) -> str:
+    """The study's state, counts and best trial; why it failed; and each
+    failed or quarantined trial of ``trials`` with its reason."""
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(study.trial_counts.items())) or "no trials"
+    lines = [f"study {study.study_id}: {api.StudyState.Name(study.state)}; {counts}"]
+    if study.error:
+        lines.append(f"failed: {study.error}")
+    if study.HasField("best_trial"):
+        lines.append("best: " + describe_trial(study.best_trial))
+    failed = [
+        t
+        for t in trials
+        if t.state in (api.TRIAL_STATE_FAILED, api.TRIAL_STATE_QUARANTINED) and t.errors
+    ]
+    if failed:
+        lines.append("failed trials:")
+        for trial in failed:
+            lines += [f"  {line}" for line in describe_failure(trial)]
+    return "\n".join(lines)
+
+
+def describe_replay(replayed: api.ReplayStudyResponse) -> list[str]:
+    """One line per trial (its logged parameters, and the replayed ones where
+    they differ), then the verdict."""
+    lines = []
+    for trial in replayed.trials:
+        state = api.TrialState.Name(trial.state).removeprefix("TRIAL_STATE_").lower()
+        how = "enqueued" if trial.enqueued else "sampled"
+        logged = _params(trial.logged_params)
+        if trial.matches:
+            lines.append(f"trial {trial.number} ({state}, {how}): logged = replayed: {logged}")
+        else:
+            replayed_params = _params(trial.replayed_params)
+            lines.append(
+                f"trial {trial.number} ({state}, {how}): logged {logged} != replayed "
+                f"{replayed_params}"
+            )
+    differ = [str(t.number) for t in replayed.trials if not t.matches]
+    if replayed.identical:
+        verdict = f"identical: {len(replayed.trials)} trials proposed as logged"
+    else:
+        verdict = f"differs: trials {', '.join(differ)} proposed otherwise than logged"
+    lines.append(f"study {replayed.study_id}: replay {verdict}")
+    return lines
+
+
+def _params(params: Mapping[str, common_pb2.ParamValue]) -> str:
+    return ", ".join(f"{name}={_value(value)!r}" for name, value in sorted(params.items())) or "-"
+
+
+def _value(value: common_pb2.ParamValue) -> Any:
+    kind = value.WhichOneof("kind")
+    return None if kind is None else getattr(value, kind)

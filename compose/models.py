@@ -1,0 +1,150 @@
+"""``aistack models``: the model registry (``aistack.models.ready``) for
+people: list a model's versions, fetch one's verified artifact, register a
+model trained elsewhere (``aistack.models``)."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from aistack import models
+from aistack.settings import ClientSettings
+from shared.contracts.aistack.v1 import common_pb2
+from shared.errors import InvalidArgument
+from shared.model_signatures import parse_tensor
+from shared.settings import load_settings
+
+_DIRECTIONS = {"minimize": common_pb2.DIRECTION_MINIMIZE, "maximize": common_pb2.DIRECTION_MAXIMIZE}
+
+
+def add_parser(commands: Any) -> None:
+    parser = commands.add_parser("models", help="the model registry: list, fetch, register")
+    actions = parser.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="a model's versions (every model's without a name)")
+    listing.add_argument("name", nargs="?")
+    fetch = actions.add_parser("fetch", help="a version's artifact, its sha256 checked")
+    fetch.add_argument("model", metavar="MODEL[@VERSION]", help="default version: the champion")
+    fetch.add_argument("--into", required=True, help="a directory for the copy")
+    register = actions.add_parser(
+        "register",
+        help="register a model trained elsewhere as the next version of NAME "
+        "(served, scored and watched like a trained one)",
+    )
+    register.add_argument("name")
+    register.add_argument(
+        "--artifact",
+        required=True,
+        help="a torch.export program (.pt2), a TorchScript file (.pt) or a SavedModel "
+        "directory; a path or an fsspec URL",
+    )
+    register.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME:DATATYPE:DIMS",
+        help="an input, e.g. input:FP32:-1,30 (read from the artifact unless TorchScript)",
+    )
+    register.add_argument("--output", action="append", default=[], metavar="NAME:DATATYPE:DIMS")
+    register.add_argument(
+        "--metric", action="append", default=[], metavar="NAME=VALUE", help="e.g. val_error=0.03"
+    )
+    register.add_argument(
+        "--objective",
+        metavar="METRIC:minimize|maximize",
+        help="what its versions compete on for the champion's place (its value among --metric)",
+    )
+    register.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    register.add_argument("--dataset", default="", help="where its training data came from")
+    register.set_defaults(run=run)
+    for action in (listing, fetch):
+        action.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = load_settings(ClientSettings)
+    if args.action == "list":
+        return _list(settings, args.name)
+    if args.action == "fetch":
+        name, _, version = args.model.partition("@")
+        directory = models.fetch(settings, name, version, Path(args.into))
+        print(f"{name}: {directory}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="aistack-artifact-") as scratch:
+        event = models.register(
+            settings,
+            models.Registration(
+                name=args.name,
+                artifact=_local(args.artifact, Path(scratch)),
+                inputs=[parse_tensor(text) for text in args.input],
+                outputs=[parse_tensor(text) for text in args.output],
+                metrics=dict(_metric(text) for text in args.metric),
+                objective=_objective(args.objective) if args.objective else None,
+                labels=dict(_pair(text, "--label") for text in args.label),
+                dataset=args.dataset,
+            ),
+        )
+    signature = ", ".join(
+        f"{s.name} {s.datatype} {list(s.shape)}" for s in (*event.inputs, *event.outputs)
+    )
+    print(
+        f"registered {event.model_name} version {event.version}: sha256 {event.sha256} "
+        f"at {event.artifact_uri} ({signature})"
+    )
+    return 0
+
+
+def _list(settings: ClientSettings, name: str | None) -> int:
+    from shared import model_registry
+    from shared.objective import champion
+
+    lineage = settings.lineage
+    registry = model_registry.read(lineage.kafka, lineage.models_topic, lineage.timeout_seconds)
+    names = [name] if name else sorted(registry.models)
+    for model in names:
+        versions = registry.versions(model)
+        best = champion(versions)
+        for event in versions:
+            mark = "*" if best is not None and event.version == best.version else " "
+            metric = event.objective.metric
+            value = f"{metric}={event.metrics[metric]:.6g}" if metric in event.metrics else "-"
+            origin = event.labels.get(models.REGISTERED) or event.lineage.study_id
+            print(f"{mark} {model}@{event.version:<5} {value:<24} {origin}")
+    return 0
+
+
+def _local(artifact: str, scratch: Path) -> Path:
+    """The artifact as a local path: a URL's copied into ``scratch`` first."""
+    if "://" not in artifact or artifact.startswith("file://"):
+        from shared.artifacts import local_path
+
+        return local_path(artifact)
+    import fsspec
+
+    filesystem, path = fsspec.core.url_to_fs(artifact)
+    target = scratch / Path(path.rstrip("/")).name
+    filesystem.get(path, str(target), recursive=True)
+    return target
+
+
+def _pair(text: str, flag: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise InvalidArgument(f"{flag} {text!r}: expected KEY=VALUE")
+    return key, value
+
+
+def _metric(text: str) -> tuple[str, float]:
+    key, value = _pair(text, "--metric")
+    try:
+        return key, float(value)
+    except ValueError:
+        raise InvalidArgument(f"--metric {text!r}: the value is not a number") from None
+
+
+def _objective(text: str) -> common_pb2.Objective:
+    metric, _, direction = text.partition(":")
+    if not metric or direction not in _DIRECTIONS:
+        raise InvalidArgument(f"--objective {text!r}: expected METRIC:minimize or METRIC:maximize")
+    return common_pb2.Objective(metric=metric, direction=_DIRECTIONS[direction])
