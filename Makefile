@@ -104,6 +104,7 @@ bench: setup
 	$(PY) -m bench.trainer_overhead
 	$(PY) -m bench.serving
 	$(PY) -m bench.batch_scoring
+	$(PY) -m bench.user_code
 
 infra-up: setup
 	$(VENV)/bin/aistack infra up

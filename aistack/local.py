@@ -98,6 +98,7 @@ def context(
 
         from aistack.torch import TorchContext
 
+        torch.manual_seed(seed)  # as the platform seeds a trial's process
         return TorchContext(device=torch.device(device), **common)
     if framework == FRAMEWORK_TENSORFLOW:
         import tensorflow as tf

@@ -45,14 +45,15 @@ class ModelClientSettings(BaseSettings):
 
 
 class ArtifactClientSettings(BaseSettings):
-    """The trainers' artifact store: where shipped code and registered
-    models go (a directory or an fsspec URL)."""
+    """The trainers' artifact store, where shipped code and registered models
+    go (a directory or an fsspec URL), and the offline store they read."""
 
     model_config = SettingsConfigDict(
         env_prefix="AISTACK_TRAINER_", frozen=True, extra="ignore", env_ignore_empty=True
     )
 
     artifact_root: str = ""
+    features_path: str = ""
 
 
 class LineageSettings(ServiceSettings):
@@ -85,3 +86,8 @@ class ClientSettings(BaseSettings):
         """The store's root: the setting, else the trainers' default."""
         state_dir = self.lineage.common.state_dir
         return self.artifacts.artifact_root or str(state_dir / "artifacts")
+
+    def features_path(self) -> Path:
+        """The offline store: the setting, else svc_transform's default."""
+        given = self.artifacts.features_path
+        return Path(given) if given else self.lineage.common.state_dir / "features" / "windows"

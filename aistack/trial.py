@@ -27,9 +27,9 @@ and every launcher:
 - ``report(step, metrics, checkpoint=...)`` is the one way out: the tuner sees
   every report (the objective's value is what it prunes and ranks by), and a
   checkpoint belongs to the report it comes with: it is written before the
-  report leaves, so a resumed trial never starts from a checkpoint whose
-  report was lost, nor lacks one whose report was seen. Call it on every rank
-  at the same steps (the ranks agree on stopping there).
+  report leaves, so every step the tuner saw has its checkpoint, and a
+  resumed trial never trains again a step the tuner saw. Call it on every
+  rank at the same steps (the ranks agree on stopping there).
 - A prune or stop arrives through ``report`` (it raises ``TrialPruned`` or
   ``TrialStopped``: let it propagate) or ``should_stop()`` (True), within one
   step of the decision reaching the trainer.

@@ -164,3 +164,51 @@ def round_order(items: Sequence[T], round_number: int) -> list[T]:
     even rounds, reversed in odd ones, so that warm caches and a machine's
     drift favour none of them."""
     return list(items) if round_number % 2 == 0 else list(reversed(items))
+
+
+# ---- Ray Tune, the peer of the study benchmarks ----
+
+
+def ray_tune_one_at_a_time(
+    trainable: Callable[[dict[str, Any]], None],
+    define_space: Callable[[Any], dict[str, Any]],
+    sampler: Any,
+    *,
+    metric: str,
+    trials: int,
+    pythonpath: Sequence[Path] = (ROOT,),
+) -> tuple[float, float, int]:
+    """``trials`` trials of Ray Tune's function ``trainable``, one at a time on
+    a reused actor, sampled by OptunaSearch (``define_space``, ``sampler``):
+    (wall seconds of ``Tuner.fit``, the best ``metric``, the trials run).
+    Ray's start-up stays outside the wall time, as the aistack side's does."""
+    import tempfile
+    import time
+
+    import ray
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    ray.init(
+        num_cpus=os.cpu_count() or 1,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(map(str, pythonpath))}},
+    )
+    try:
+        search = OptunaSearch(space=define_space, metric=metric, mode="min", sampler=sampler)
+        tuner = tune.Tuner(
+            tune.with_resources(trainable, {"cpu": 1}),
+            tune_config=tune.TuneConfig(
+                search_alg=search, num_samples=trials, max_concurrent_trials=1, reuse_actors=True
+            ),
+            run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(prefix="ray-tune-"), verbose=0),
+        )
+        started = time.perf_counter()
+        results = tuner.fit()
+        wall = time.perf_counter() - started
+        best = results.get_best_result(metric=metric, mode="min")
+        assert best.metrics is not None
+        return wall, float(best.metrics[metric]), len(results)
+    finally:
+        ray.shutdown()

@@ -27,6 +27,7 @@ from bench.harness import (
 )
 from shared.bus.producer import BusProducer
 from shared.bus.topics import TopicSpec, ensure_topics
+from shared.contracts.aistack.v1 import common_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 from shared.ports import free_port
@@ -179,12 +180,17 @@ class TunerUnderTest:
         self._log.close()
 
 
-async def run_study(tuner: TunerUnderTest, spec_text: str) -> tuple[float, float]:
-    """Wall seconds of the study and its best value."""
+async def run_study(
+    tuner: TunerUnderTest, spec_text: str, *, code: common_pb2.CodePackage | None = None
+) -> tuple[float, float]:
+    """Wall seconds of the study and its best value; ``code``: the shipped
+    package its task names."""
     async with open_channel(tuner.grpc) as channel:
         await asyncio.wait_for(channel.channel_ready(), timeout=60)
         stub = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
         spec = load_spec(spec_text)
+        if code is not None:
+            spec.task.code.CopyFrom(code)
         started = time.perf_counter()
         await stub.CreateStudy(api.CreateStudyRequest(spec=spec))
         async for update in stub.WatchStudy(api.WatchStudyRequest(study_id=spec.name)):
@@ -202,7 +208,13 @@ class Trainers:
     """``python -m svc_trainer`` replicas on the tuner's topics, warm."""
 
     def __init__(
-        self, tuner: TunerUnderTest, count: int, state: Path, *, warm: str = "torch"
+        self,
+        tuner: TunerUnderTest,
+        count: int,
+        state: Path,
+        *,
+        warm: str = "torch",
+        extra: Mapping[str, str] | None = None,
     ) -> None:
         group = f"speedup-trainers-{uuid.uuid4().hex[:8]}"
         self.logs = [state / f"trainer-{group}-{i}.log" for i in range(count)]
@@ -225,6 +237,7 @@ class Trainers:
                         "AISTACK_TRAINER_THREADS": "1",
                         "AISTACK_TRAINER_WARM_FRAMEWORKS": warm,
                         "AISTACK_TRAINER_METRICS_PORT": "0",
+                        **(extra or {}),
                     },
                     kafka=tuner.kafka,
                 ),
@@ -233,10 +246,13 @@ class Trainers:
             for i, log in enumerate(self.logs)
         ]
 
-    def wait_warm(self, timeout: float = 300) -> None:
+    def wait_warm(self, timeout: float = 300, *, executors: int = 1) -> None:
+        """Until each replica's first ``executors`` executors are ready (its
+        warm ones, and its spare for code packages when it keeps one)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all('"executor.ready"' in log.read_text(errors="replace") for log in self.logs):
+            ready = [log.read_text(errors="replace").count('"executor.ready"') for log in self.logs]
+            if all(count >= executors for count in ready):
                 time.sleep(5)  # and the consumer group settles
                 return
             if any(p.poll() is not None for p in self.processes):

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import tempfile
 import time
 import uuid
@@ -53,7 +52,7 @@ with contextlib.suppress(ImportError):
 
 import optuna
 
-from bench.harness import ROOT, print_ratio
+from bench.harness import print_ratio, ray_tune_one_at_a_time
 from bench.services import Trainers, TunerUnderTest, run_study
 
 GOAL_RAY = 1.0
@@ -191,43 +190,10 @@ def define_space(trial: optuna.Trial) -> dict[str, int]:
 
 
 def ray_tune(trials: int) -> Outcome:
-    import ray
-    from ray import tune
-    from ray.tune.search.optuna import OptunaSearch
-
-    ray.init(
-        num_cpus=os.cpu_count() or 1,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+    wall, best, count = ray_tune_one_at_a_time(
+        ray_trainable, define_space, sampler(), metric="val_error", trials=trials
     )
-    try:
-        search = OptunaSearch(
-            space=define_space,
-            metric="val_error",
-            mode="min",
-            sampler=sampler(),
-        )
-        tuner = tune.Tuner(
-            tune.with_resources(ray_trainable, {"cpu": 1}),
-            tune_config=tune.TuneConfig(
-                search_alg=search,
-                num_samples=trials,
-                max_concurrent_trials=1,
-                reuse_actors=True,
-            ),
-            run_config=tune.RunConfig(
-                storage_path=tempfile.mkdtemp(prefix="speedup-ray-"), verbose=0
-            ),
-        )
-        started = time.perf_counter()
-        results = tuner.fit()
-        wall = time.perf_counter() - started
-        best = results.get_best_result(metric="val_error", mode="min")
-        assert best.metrics is not None
-        return Outcome(wall, float(best.metrics["val_error"]), len(results))
-    finally:
-        ray.shutdown()
+    return Outcome(wall, best, count)
 
 
 # ---- 3 and 4: aistack -------------------------------------------------------------------

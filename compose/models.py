@@ -57,6 +57,19 @@ def add_parser(commands: Any) -> None:
     )
     register.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     register.add_argument("--dataset", default="", help="where its training data came from")
+    register.add_argument(
+        "--feature",
+        metavar="METRIC@WINDOW",
+        help="the online-store field it reads by entity (e.g. temperature@tumbling-60s): its "
+        "windows in the offline store (AISTACK_TRAINER_FEATURES_PATH) become its training "
+        "distribution, which svc_monitor watches",
+    )
+    register.add_argument(
+        "--windows-from", default="", metavar="RFC3339", help="the first training window's start"
+    )
+    register.add_argument(
+        "--windows-to", default="", metavar="RFC3339", help="the last training window's start"
+    )
     register.set_defaults(run=run)
     for action in (listing, fetch):
         action.set_defaults(run=run)
@@ -71,6 +84,15 @@ def run(args: argparse.Namespace) -> int:
         directory = models.fetch(settings, name, version, Path(args.into))
         print(f"{name}: {directory}")
         return 0
+    reference = None
+    if args.feature:
+        from shared.offline_store import training_distribution
+
+        bounds = (
+            _moment(args.windows_from, "--windows-from"),
+            _moment(args.windows_to, "--windows-to"),
+        )
+        reference = training_distribution(settings.features_path(), args.feature, bounds)
     with tempfile.TemporaryDirectory(prefix="aistack-artifact-") as scratch:
         event = models.register(
             settings,
@@ -83,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
                 objective=_objective(args.objective) if args.objective else None,
                 labels=dict(_pair(text, "--label") for text in args.label),
                 dataset=args.dataset,
+                training_distribution=reference,
             ),
         )
     signature = ", ".join(
@@ -92,6 +115,9 @@ def run(args: argparse.Namespace) -> int:
         f"registered {event.model_name} version {event.version}: sha256 {event.sha256} "
         f"at {event.artifact_uri} ({signature})"
     )
+    if reference is not None:
+        windows = max((s.windows for s in reference.statistics), default=0)
+        print(f"watched on {reference.feature}: the distribution of {windows} training windows")
     return 0
 
 
@@ -148,3 +174,18 @@ def _objective(text: str) -> common_pb2.Objective:
     if not metric or direction not in _DIRECTIONS:
         raise InvalidArgument(f"--objective {text!r}: expected METRIC:minimize or METRIC:maximize")
     return common_pb2.Objective(metric=metric, direction=_DIRECTIONS[direction])
+
+
+def _moment(text: str, flag: str) -> int | None:
+    """An RFC 3339 timestamp with its zone, in µs since the epoch; None for ""."""
+    if not text:
+        return None
+    from datetime import UTC, datetime, timedelta
+
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(f"{flag} {text!r}: expected an RFC 3339 timestamp") from None
+    if moment.tzinfo is None:
+        raise InvalidArgument(f"{flag} {text!r} has no time zone: add Z for UTC")
+    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)

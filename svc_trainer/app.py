@@ -29,6 +29,7 @@ def build_worker(settings: TrainerSettings) -> Worker:
         log_level=settings.common.log_level,
         log_format=settings.common.log_format,
         code_executors=settings.code_executors,
+        spares=settings.spare_framework_names(),
         crash_dir=settings.work_dir() / "crashes",
     )
     producer = BusProducer(settings.kafka, source=SERVICE)

@@ -54,6 +54,7 @@ from svc_trainer.executor_events import (
     NeedsFresh,
     Ready,
     Started,
+    UseCode,
 )
 from svc_trainer.executor_process import executor_main
 from svc_trainer.plan import CodeRef, DataLoaded, StopReason, TrialError
@@ -124,6 +125,12 @@ class Executor:
     def pid(self) -> int | None:
         return self._process.pid
 
+    def bind(self, code: CodeRef) -> None:
+        """Make a spare executor (one that ran no trial) the executor of
+        ``code``: its trials import from the package from now on."""
+        self.code = code
+        self._send(UseCode(code.directory))
+
     def submit(self, job: Job) -> None:
         """Hand the executor a trial (it starts once the executor is ready)."""
         self._stop.value = int(StopReason.NONE)
@@ -169,7 +176,7 @@ class Executor:
                 self.busy = False
         return out
 
-    def _send(self, job: Job | None) -> None:
+    def _send(self, job: Job | UseCode | None) -> None:
         try:
             self._pipe.send(job)
         except (BrokenPipeError, OSError):
@@ -268,7 +275,10 @@ class ExecutorPool:
     ``limits``; and one-shot executors for the trials that need a fresh
     process. A new package gets an executor of its own, so no trial imports
     another package's modules; at most ``code_executors`` of them stay warm
-    (the least recently used retires first)."""
+    (the least recently used retires first). For the frameworks of
+    ``spares``, one spare executor (warm, never used) waits for the next new
+    package, which takes it instead of starting one, and a new spare starts
+    behind it."""
 
     def __init__(
         self,
@@ -281,6 +291,7 @@ class ExecutorPool:
         log_format: str = "json",
         code_executors: int = 2,
         crash_dir: Path | None = None,
+        spares: tuple[str, ...] = (),
     ) -> None:
         self._runners = dict(runners)
         self._limits = limits
@@ -294,6 +305,8 @@ class ExecutorPool:
         self._code_executors = code_executors
         # By (framework, package digest), the least recently used first.
         self._warm: OrderedDict[tuple[str, str], Executor] = OrderedDict()
+        self._spares = tuple(spares)
+        self._spare: dict[str, Executor] = {}
         self.started = 0
 
     @property
@@ -305,6 +318,17 @@ class ExecutorPool:
         warm up while the worker waits for trials)."""
         for framework in frameworks:
             self.executor_for(framework)
+        for framework in self._spares:
+            self._spare_for(framework)
+
+    def _spare_for(self, framework: str) -> Executor:
+        spare = self._spare.get(framework)
+        if spare is None or not spare.alive():
+            if spare is not None:
+                spare.close()
+            spare = self._start(framework, one_shot=False, code=None)
+            self._spare[framework] = spare
+        return spare
 
     def executor_for(self, framework: str, code: CodeRef | None = None) -> Executor:
         """The warm executor of the framework and code package, started (or
@@ -319,11 +343,27 @@ class ExecutorPool:
             del self._warm[key]
             executor = None
         if executor is None:
-            executor = self._start(framework, one_shot=False, code=code)
+            executor = self._take_spare(framework, code) if code is not None else None
+            if executor is None:
+                executor = self._start(framework, one_shot=False, code=code)
             self._warm[key] = executor
             self._retire_unused_code()
         self._warm.move_to_end(key)
         return executor
+
+    def _take_spare(self, framework: str, code: CodeRef) -> Executor | None:
+        """The framework's spare, bound to ``code`` (a new spare starts
+        behind it); None when it keeps none."""
+        spare = self._spare.pop(framework, None)
+        if spare is None:
+            return None
+        if not spare.alive():
+            spare.close()
+            return None
+        spare.bind(code)
+        log.info("executor.spare_taken", framework=framework, pid=spare.pid, code=code.sha256[:12])
+        self._spare_for(framework)
+        return spare
 
     def _retire_unused_code(self) -> None:
         packaged = [key for key in self._warm if key[1]]
@@ -394,18 +434,19 @@ class ExecutorPool:
             del self._warm[key]
 
     def idle_events(self, running: Executor | None) -> list[tuple[Executor, Event]]:
-        """Events of the warm executors not running a trial (their Ready)."""
+        """Events of the warm and spare executors not running a trial (their Ready)."""
         return [
             (executor, event)
-            for executor in list(self._warm.values())
+            for executor in [*self._warm.values(), *self._spare.values()]
             if executor is not running
             for event in executor.events(timeout=0)
         ]
 
     def close(self) -> None:
-        for executor in self._warm.values():
+        for executor in [*self._warm.values(), *self._spare.values()]:
             executor.retire()
         self._warm.clear()
+        self._spare.clear()
 
 
 def _key(framework: str, code: CodeRef | None) -> tuple[str, str]:

@@ -77,6 +77,14 @@ class Idle:
     retiring: bool
 
 
+@dataclass(frozen=True)
+class UseCode:
+    """Sent to a spare executor (before its first job) that a code package
+    takes: its trials import from ``directory``."""
+
+    directory: str
+
+
 Event = Ready | Started | Epoch | DataLoaded | Finished | Failed | NeedsFresh | Idle
 
 

@@ -21,7 +21,6 @@ import hashlib
 import itertools
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -31,17 +30,16 @@ from google.protobuf import json_format
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
+from shared import offline_store
 from shared.contracts.aistack.v1 import models_pb2
 from shared.distribution import training_distribution
 from shared.feature_store import (
     FEATURE_STATS,
-    PARTITION_COLUMNS,
-    PARTITIONS,
-    SERIES_COLUMNS,
     WINDOW_FROM,
     WINDOW_TO,
     online_field,
 )
+from shared.offline_store import Windows
 from svc_trainer.dataset_options import BAD_DATASET, VERSION_CHARS, int_option
 from svc_trainer.plan import TASK_REGRESSION, DataSplits, TrialError
 
@@ -54,18 +52,6 @@ MIN_FEATURE_EXAMPLES = 10
 STORE_CATCH_UP_SECONDS = 60.0
 STORE_POLL_SECONDS = 1.0
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-@dataclass(frozen=True)
-class _Windows:
-    """One metric's windows of one kind, one row per (series, start), sorted by both."""
-
-    series: NDArray[np.int64]
-    start_us: NDArray[np.int64]
-    slide_us: NDArray[np.int64]
-    stats: NDArray[np.float64]  # (rows, len(stat_names)); NaN and null already 0
-    target: NDArray[np.float64]  # the label statistic; NaN where the store has none
-    stat_names: tuple[str, ...]
 
 
 def feature_names(stat_names: Sequence[str], lags: int) -> list[str]:
@@ -93,6 +79,13 @@ def load_features(
     Raises TrialError(reason="bad_dataset") for a missing or unreadable store,
     an ambiguous or unknown metric or window, bad options, a store that does
     not reach ``window_to`` in time, or too few examples."""
+    try:
+        return _load(options, features_path, catch_up_seconds)
+    except offline_store.OfflineStoreError as exc:
+        raise TrialError(str(exc), reason=BAD_DATASET) from exc
+
+
+def _load(options: Mapping[str, str], features_path: str, catch_up_seconds: float) -> DataSplits:
     root_text = options.get("path") or features_path
     if not root_text:
         raise TrialError(
@@ -102,11 +95,13 @@ def load_features(
     root = Path(root_text)
     if not root.is_dir():
         raise TrialError(f"offline feature store {root} does not exist", reason=BAD_DATASET)
-    store = _open_store(root)
-    metric, window = _choose_partition(store, options, root)
+    store = offline_store.open_store(root)
+    metric, window = offline_store.choose(
+        store, options.get("metric", ""), options.get("window", ""), root, named_in="options"
+    )
     lags = int_option(options, "lags", default=DEFAULT_LAGS, minimum=1)
     bounds = window_bounds(options)
-    selected = _partition_filter(metric, window)
+    selected = offline_store.selection(metric, window)
     if bounds[1] is not None:
         store = _caught_up(root, store, selected, bounds[1], catch_up_seconds)
     label = options.get("label") or "mean"
@@ -117,7 +112,7 @@ def load_features(
             reason=BAD_DATASET,
         )
     where = f"{root} ({metric} @ {window})"
-    windows = _latest_windows(store, selected, where, bounds, label)
+    windows = offline_store.latest_windows(store, selected, where, bounds, label)
     x, y, targets = _lagged_examples(windows, lags)
     if len(y) < MIN_FEATURE_EXAMPLES:
         raise TrialError(
@@ -203,7 +198,7 @@ def _bounds_text(options: Mapping[str, str]) -> str:
 
 
 def _training_distribution(
-    windows: _Windows, rows: NDArray[np.intp], metric: str, window: str
+    windows: Windows, rows: NDArray[np.intp], metric: str, window: str
 ) -> models_pb2.TrainingDistribution:
     """The ``TrainingDistribution`` of the windows at ``rows`` (non-empty)."""
     return training_distribution(
@@ -223,7 +218,7 @@ def _caught_up(root: Path, store: Any, selected: Any, until_us: int, seconds: fl
     ``until_us``; TrialError when none does within ``seconds``."""
     deadline = time.monotonic() + seconds
     while True:
-        latest = _latest_start_us(store, selected)
+        latest = offline_store.latest_start_us(store, selected)
         if latest is not None and latest >= until_us:
             return store
         if time.monotonic() >= deadline:
@@ -234,135 +229,15 @@ def _caught_up(root: Path, store: Any, selected: Any, until_us: int, seconds: fl
                 reason=BAD_DATASET,
             )
         time.sleep(STORE_POLL_SECONDS)
-        store = _open_store(root)
-
-
-def _latest_start_us(store: Any, selected: Any) -> int | None:
-    column = store.to_table(columns=["window_start"], filter=selected)["window_start"]
-    if not len(column):
-        return None
-    return int(_micros(column).max())
+        store = offline_store.open_store(root)
 
 
 def _rfc3339(micros: int) -> str:
     return (_EPOCH + timedelta(microseconds=micros)).isoformat().replace("+00:00", "Z")
 
 
-def _arrow() -> tuple[Any, Any]:
-    """(pyarrow, pyarrow.dataset), imported on first use: only ``features`` needs them."""
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-
-    return pa, ds
-
-
-def _open_store(root: Path) -> Any:
-    pa, ds = _arrow()
-    partitioning = ds.partitioning(
-        pa.schema([(name, pa.type_for_alias(kind)) for name, kind in PARTITIONS]), flavor="hive"
-    )
-    # Spark writes timestamps as INT96 by default; microseconds is their precision.
-    parquet = ds.ParquetFileFormat(read_options={"coerce_int96_timestamp_unit": "us"})
-    try:
-        return ds.dataset(str(root), format=parquet, partitioning=partitioning)
-    except (OSError, ValueError) as exc:
-        raise TrialError(
-            f"cannot read the Parquet store {root}: {exc}", reason=BAD_DATASET
-        ) from exc
-
-
-def _choose_partition(store: Any, options: Mapping[str, str], root: Path) -> tuple[str, str]:
-    """(metric, window kind) from the options, or the only one the store holds."""
-    _, ds = _arrow()
-    present: set[tuple[str, str]] = set()
-    for fragment in store.get_fragments():
-        keys = ds.get_partition_keys(fragment.partition_expression)
-        if keys.get("metric") is not None and keys.get("window") is not None:
-            present.add((str(keys["metric"]), str(keys["window"])))
-    if not present:
-        raise TrialError(
-            f"{root} holds no Parquet files under {_LAYOUT} partitions",
-            reason=BAD_DATASET,
-        )
-    metric = _pick("metric", options.get("metric", ""), {m for m, _ in present}, root)
-    windows = {w for m, w in present if m == metric}
-    window = _pick(f"window (of {metric})", options.get("window", ""), windows, root)
-    return metric, window
-
-
-_LAYOUT = "/".join(f"{name}=" for name in PARTITION_COLUMNS)
-
-
-def _pick(what: str, wanted: str, available: set[str], root: Path) -> str:
-    known = ", ".join(sorted(available))
-    if wanted:
-        if wanted not in available:
-            raise TrialError(
-                f"{root} has no {what} {wanted!r}; it has: {known}", reason=BAD_DATASET
-            )
-        return wanted
-    if len(available) > 1:
-        option = what.split()[0]
-        raise TrialError(
-            f'{root} holds several: set options["{option}"] to one of: {known}', reason=BAD_DATASET
-        )
-    return next(iter(available))
-
-
-def _partition_filter(metric: str, window: str) -> Any:
-    _, ds = _arrow()
-    return (ds.field("metric") == metric) & (ds.field("window") == window)
-
-
-def _latest_windows(
-    store: Any,
-    selected: Any,
-    where: str,
-    bounds: tuple[int | None, int | None],
-    label: str = "mean",
-) -> _Windows:
-    """The selected windows starting within ``bounds`` (µs, inclusive; None:
-    open); of a window a replayed batch wrote again, the latest batch's."""
-    names = set(store.schema.names)
-    for required in ("window_start", "window_slide", "mean", label):
-        if required not in names:
-            raise TrialError(f"{where}: no {required!r} column", reason=BAD_DATASET)
-    stat_names = tuple(stat for stat in FEATURE_STATS if stat in names)
-    series_columns = [c for c in SERIES_COLUMNS if c in names]
-    columns = [*series_columns, "window_start", "window_slide", "batch", *stat_names]
-    table = store.to_table(columns=columns, filter=selected)
-    low, high = bounds
-    if low is not None or high is not None:
-        start = _micros(table["window_start"])
-        inside = np.ones(len(start), dtype=bool)
-        if low is not None:
-            inside &= start >= low
-        if high is not None:
-            inside &= start <= high
-        pa, _ = _arrow()
-        table = table.filter(pa.array(inside))
-    series = _series_codes(table, series_columns)
-    start = _micros(table["window_start"])
-    batch = _int64(table["batch"])
-    order = np.lexsort((batch, start, series))
-    series, start, batch = series[order], start[order], batch[order]
-    # Sorted by batch within a window: the last row of each window is the latest batch's.
-    last = np.ones(len(order), dtype=bool)
-    last[:-1] = (series[1:] != series[:-1]) | (start[1:] != start[:-1])
-    kept = order[last]
-    stats = np.column_stack([_float64(table[stat]) for stat in stat_names])[kept]
-    return _Windows(
-        series=series[last],
-        start_us=start[last],
-        slide_us=_int64(table["window_slide"])[kept] * 1_000_000,
-        stats=np.where(np.isfinite(stats), stats, 0.0),
-        target=_float64(table[label])[kept],
-        stat_names=stat_names,
-    )
-
-
 def _lagged_examples(
-    windows: _Windows, lags: int
+    windows: Windows, lags: int
 ) -> tuple[NDArray[np.float32], NDArray[np.float32], NDArray[np.intp]]:
     """(x, y, target window rows), one example per window whose ``lags``
     predecessors in its series are all present and consecutive (each starts
@@ -418,34 +293,6 @@ def _cut_before_ties(times: NDArray[np.int64], cut: int) -> int:
     if cut >= len(times):
         return len(times)
     return int(np.searchsorted(times, times[cut], side="left"))
-
-
-def _series_codes(table: Any, columns: Sequence[str]) -> NDArray[np.int64]:
-    """One integer per distinct (entity, path, unit), ordered as the values sort."""
-    if not columns:
-        return np.zeros(table.num_rows, dtype=np.int64)
-    codes = []
-    for column in columns:
-        values = table[column].fill_null("").to_numpy(zero_copy_only=False).astype(str)
-        codes.append(np.unique(values, return_inverse=True)[1].reshape(-1))
-    combined = np.unique(np.column_stack(codes), axis=0, return_inverse=True)[1]
-    return np.asarray(combined, dtype=np.int64).reshape(-1)
-
-
-def _micros(column: Any) -> NDArray[np.int64]:
-    pa, _ = _arrow()
-    unit_us = pa.timestamp("us", tz=column.type.tz)
-    return _int64(column.cast(unit_us).cast(pa.int64()))
-
-
-def _int64(column: Any) -> NDArray[np.int64]:
-    return np.asarray(column.fill_null(0).to_numpy(), dtype=np.int64)
-
-
-def _float64(column: Any) -> NDArray[np.float64]:
-    pa, _ = _arrow()
-    # Nulls become NaN, which the caller treats as missing.
-    return np.asarray(column.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
 
 
 def _digest_files(root: Path, files: Sequence[str], selection: str) -> str:

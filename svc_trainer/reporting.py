@@ -65,6 +65,9 @@ class Running:
     outcome: Finished | Failed | None = None
     ended_at: float = 0.0
     revoked: bool = False
+    # Its ending was handed to the background (once its outcome is known,
+    # before its executor is idle).
+    ending_sent: bool = False
 
 
 class Reporter:

@@ -82,6 +82,9 @@ class TrainerSettings(ServiceSettings):
     # Executors kept warm for shipped code packages (one per package and
     # framework), the least recently used retiring first.
     code_executors: int = Field(default=2, ge=1, le=64)
+    # Frameworks that keep one spare executor warm (comma-separated): the next
+    # new code package takes it, so its first trial pays no process start.
+    spare_executors: str = "torch"
     # More framework runners by name, as JSON: {"jax": "my_package.jax_runner:RUNNER"}
     # (a plan.Runner each); a trial picks one with a "framework" parameter.
     runners: dict[str, str] = Field(default_factory=dict)
@@ -93,7 +96,7 @@ class TrainerSettings(ServiceSettings):
 
         return {name: check_path(path) for name, path in value.items()}
 
-    @field_validator("warm_frameworks")
+    @field_validator("warm_frameworks", "spare_executors")
     @classmethod
     def _framework_list(cls, value: str) -> str:
         names = [n.strip() for n in value.split(",") if n.strip()]
@@ -102,16 +105,23 @@ class TrainerSettings(ServiceSettings):
     @model_validator(mode="after")
     def _warm_frameworks_known(self) -> TrainerSettings:
         known = self.runner_paths()
-        unknown = [n for n in self.warm_framework_names() if n not in known]
-        if unknown:
-            raise ValueError(
-                f"AISTACK_TRAINER_WARM_FRAMEWORKS names {', '.join(unknown)}: "
-                f"no such runner (known: {', '.join(known)})"
-            )
+        for variable, names in (
+            ("AISTACK_TRAINER_WARM_FRAMEWORKS", self.warm_framework_names()),
+            ("AISTACK_TRAINER_SPARE_EXECUTORS", self.spare_framework_names()),
+        ):
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise ValueError(
+                    f"{variable} names {', '.join(unknown)}: "
+                    f"no such runner (known: {', '.join(known)})"
+                )
         return self
 
     def warm_framework_names(self) -> tuple[str, ...]:
         return tuple(n for n in self.warm_frameworks.split(",") if n)
+
+    def spare_framework_names(self) -> tuple[str, ...]:
+        return tuple(n for n in self.spare_executors.split(",") if n)
 
     def runner_paths(self) -> dict[str, str]:
         from svc_trainer.runners import registry

@@ -57,25 +57,28 @@ FRAMEWORK_PARAM = "framework"
 
 
 #: How a multi-process trial's processes start (``task.options``): "local"
-#: (the default: on this node) or "spark" (a torch ``ddp`` trial's ranks as
-#: Spark barrier tasks, ``backends.torch.spark``).
+#: (the default: on this node) or "spark" (as Spark barrier tasks: a torch
+#: ``ddp`` trial's ranks, ``backends.torch.spark``; a tensorflow
+#: ``multi_worker_mirrored`` trial's workers, ``backends.tensorflow.spark``).
 LAUNCHER_OPTION = "launcher"
 LAUNCHERS = ("local", "spark")
+ON_SPARK = (("torch", "ddp"), ("tensorflow", "multi_worker_mirrored"))
 
 
 def launcher(spec: RunSpec) -> str:
     """The launcher ``spec`` asks for; TrialError (invalid_params) for an
-    unknown one, or "spark" on anything but a torch ``ddp`` trial."""
+    unknown one, or "spark" on a trial Spark does not launch (``ON_SPARK``)."""
     name = spec.options.get(LAUNCHER_OPTION, "") or "local"
     if name not in LAUNCHERS:
         raise TrialError(
             f'options["{LAUNCHER_OPTION}"]={name!r}: expected one of {", ".join(LAUNCHERS)}',
             reason="invalid_params",
         )
-    if name == "spark" and (spec.framework, spec.strategy) != ("torch", "ddp"):
+    if name == "spark" and (spec.framework, spec.strategy) not in ON_SPARK:
         raise TrialError(
-            f'options["{LAUNCHER_OPTION}"]="spark" runs torch ddp trials only, '
-            f"not {spec.framework} {spec.strategy or 'default'}",
+            f'options["{LAUNCHER_OPTION}"]="spark" runs torch ddp and tensorflow '
+            f"multi_worker_mirrored trials only, not {spec.framework} "
+            f"{spec.strategy or 'default'}",
             reason="invalid_params",
         )
     return name

@@ -295,6 +295,10 @@ class Worker:
             running.next_heartbeat = now + running.heartbeat_every
         self._producer.poll(0)
         executor = running.executor
+        if running.outcome is not None:
+            # Reported now, while the executor releases the trial's state
+            # (a garbage collection): the tuner hears of it that much sooner.
+            self._end(consumer, running, stopping)
         if not executor.busy:
             self._done(consumer, running, stopping)
         elif not executor.alive():
@@ -451,10 +455,17 @@ class Worker:
     # ---- ending it ----
 
     def _done(self, consumer: Consumer, running: Running, stopping: threading.Event) -> None:
-        """The trial's executor is free (or gone): hand the ending to the
-        background and take the next trial."""
+        """The trial's executor is free (or gone): the ending handed to the
+        background (if it was not yet), and the next trial taken."""
         self._running = None
         self._metrics.busy.set(0)
+        self._end(consumer, running, stopping)
+
+    def _end(self, consumer: Consumer, running: Running, stopping: threading.Event) -> None:
+        """Hand how the trial ended to the background, once."""
+        if running.ending_sent:
+            return
+        running.ending_sent = True
         running.board.close()
         self._reporter.end(consumer.commit, running, stopping)
 
@@ -464,6 +475,11 @@ class Worker:
         running = self._running
         assert running is not None
         executor = running.executor
+        if running.ending_sent:
+            # It ended before the shutdown: its ending reports and commits it.
+            self._running = None
+            self._metrics.busy.set(0)
+            return
         executor.request_stop(StopReason.SHUTDOWN)
         deadline = time.monotonic() + HAND_BACK_SECONDS
         while executor.alive() and executor.busy and time.monotonic() < deadline:

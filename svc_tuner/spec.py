@@ -223,11 +223,24 @@ def seeded_sampler(spec: tuning_pb2.StudySpec) -> BaseSampler:
     Without a seed, Optuna's own sampler, random."""
     if not spec.HasField("seed"):
         return sampler(spec)
-    if spec.sampler.kind == tuning_pb2.SAMPLER_KIND_GRID:
-        # The seed orders the grid: one order for every trial, so that the
-        # points tried (stored as grid ids) mean the same to each.
-        return _PerTrialSeed(lambda _: sampler(spec), spec.seed)
-    return _PerTrialSeed(lambda seed: sampler(spec, seed=seed), spec.seed)
+    return _PerTrialSeed(_SpecSampler(spec), spec.seed)
+
+
+class _SpecSampler:
+    """Builds ``spec``'s sampler for a seed: picklable (the spec kept as
+    bytes), so that a seeded sampler can travel (Ray Tune's OptunaSearch
+    pickles its sampler)."""
+
+    def __init__(self, spec: tuning_pb2.StudySpec) -> None:
+        self._spec = spec.SerializeToString(deterministic=True)
+
+    def __call__(self, seed: int) -> BaseSampler:
+        spec = tuning_pb2.StudySpec.FromString(self._spec)
+        if spec.sampler.kind == tuning_pb2.SAMPLER_KIND_GRID:
+            # The seed orders the grid: one order for every trial, so that the
+            # points tried (stored as grid ids) mean the same to each.
+            return sampler(spec)
+        return sampler(spec, seed=seed)
 
 
 def sampler(spec: tuning_pb2.StudySpec, *, seed: int | None = None) -> BaseSampler:

@@ -66,13 +66,13 @@ class StandaloneCluster:
 
 @contextmanager
 def standalone_cluster(
-    work_dir: Path, *, cores: int = 2, memory: str = "2g"
+    work_dir: Path, *, cores: int = 2, memory: str = "2g", workers: int = 1
 ) -> Iterator[StandaloneCluster]:
-    """Start a master and one worker with ``cores`` and ``memory``; yield once
-    the worker has registered; stop both (and the executors under the
-    worker) on exit. Logs go to ``work_dir``/logs; the message of a start
-    that fails ends with their tail."""
-    port, ui_port, worker_ui_port = free_ports(3)
+    """Start a master and ``workers`` workers with ``cores`` and ``memory``
+    each; yield once every worker has registered; stop them all (and the
+    executors under the workers) on exit. Logs go to ``work_dir``/logs; the
+    message of a start that fails ends with their tail."""
+    port, ui_port, *worker_ui_ports = free_ports(2 + workers)
     logs = work_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     env = {
@@ -83,7 +83,7 @@ def standalone_cluster(
         "PYSPARK_PYTHON": sys.executable,
     }
     master = f"spark://127.0.0.1:{port}"
-    cluster = StandaloneCluster(master, f"http://127.0.0.1:{ui_port}", cores)
+    cluster = StandaloneCluster(master, f"http://127.0.0.1:{ui_port}", cores * workers)
     with ExitStack() as stack:
         stack.enter_context(
             _spark_class(
@@ -96,20 +96,23 @@ def standalone_cluster(
                 logs / "master.log",
             )
         )
-        stack.enter_context(
-            _spark_class(
-                [
-                    "org.apache.spark.deploy.worker.Worker",
-                    *("--host", "127.0.0.1", "--cores", str(cores), "--memory", memory),
-                    *("--work-dir", str(work_dir / "worker"), "--webui-port", str(worker_ui_port)),
-                    master,
-                ],
-                env,
-                logs / "worker.log",
+        for index, worker_ui_port in enumerate(worker_ui_ports):
+            name = "worker" if index == 0 else f"worker-{index}"
+            stack.enter_context(
+                _spark_class(
+                    [
+                        "org.apache.spark.deploy.worker.Worker",
+                        *("--host", "127.0.0.1", "--cores", str(cores), "--memory", memory),
+                        *("--work-dir", str(work_dir / name)),
+                        *("--webui-port", str(worker_ui_port)),
+                        master,
+                    ],
+                    env,
+                    logs / f"{name}.log",
+                )
             )
-        )
         deadline = time.monotonic() + _START_TIMEOUT_S
-        while _alive(cluster) < 1:
+        while _alive(cluster) < workers:
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"no worker registered with {master} in {_START_TIMEOUT_S} s\n" + _tails(logs)

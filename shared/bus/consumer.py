@@ -134,7 +134,7 @@ class BusConsumer(Generic[MessageT]):
         Transient broker errors are left to librdkafka's retries; fatal ones
         raise Unavailable.
         """
-        raw = self._consumer.consume(max_records, timeout)
+        raw = _take(self._consumer, max_records, timeout)
         cls = self._cls
         records = [Record(msg, cls) for msg in raw if msg.error() is None]
         if len(records) != len(raw):
@@ -273,11 +273,25 @@ class BusTail(Generic[MessageT]):
         return True
 
     def poll_batch(self, max_records: int = 500, timeout: float = 1.0) -> list[Record[MessageT]]:
-        raw = self._consumer.consume(max_records, timeout)
+        raw = _take(self._consumer, max_records, timeout)
         return [Record(msg, self._cls) for msg in raw if msg.error() is None]
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def _take(consumer: Consumer, max_records: int, timeout: float) -> list[KafkaMessage]:
+    """Up to ``max_records`` messages: the first waited for at most
+    ``timeout``, then what is already buffered. librdkafka's batch consume
+    waits out its whole timeout unless the batch fills, which put up to
+    ``timeout`` seconds on every hop a lone record makes (a trial request,
+    its report); a single poll returns as soon as one arrives."""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    if max_records <= 1:
+        return [first]
+    return [first, *consumer.consume(max_records - 1, 0)]
 
 
 def read_to_end(

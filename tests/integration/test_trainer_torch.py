@@ -90,6 +90,17 @@ def test_ddp_keeps_every_rank_identical(tmp_path: Path) -> None:
     assert (tmp_path / "export" / TORCH_EXPORT_FILE).is_file()
 
 
+@pytest.mark.timeout(120)
+def test_ddp_trains_a_model_with_buffers(tmp_path: Path) -> None:
+    # mlp standardises inside the model (buffers): rank 0 evaluating through
+    # DDP's wrapper broadcast them to ranks that were not listening.
+    channel = RecordingChannel()
+    spec = run_spec(tmp_path, strategy="ddp", world_size=2, epochs=2, model_family="mlp")
+    result = torch_runner.run(spec, DIGITS, channel)
+    assert result.epochs_completed == 2 and len(set(result.replica_digests)) == 1
+    assert [step for step, _ in channel.epochs()] == [1, 2]
+
+
 def test_ddp_ranks_stop_together(tmp_path: Path) -> None:
     channel = RecordingChannel(stop_after=1)
     spec = run_spec(tmp_path, strategy="ddp", world_size=2, epochs=5)

@@ -19,11 +19,13 @@ import numpy as np
 import pytest
 
 from shared import code_packages
-from shared.artifacts import TORCH_EXPORT_FILE, local_path
+from shared.artifacts import TORCH_EXPORT_FILE, digest, local_path
 from shared.contracts.aistack.v1 import models_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+from svc_monitor.watch import watched
 from tests.infra import Infra
 from tests.integration.user_stack import MEMORY_LIMIT_MB, STALL_SECONDS, UserStack
+from tests.unit.test_trainer_data import TUMBLING, series, write_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -119,6 +121,8 @@ def test_a_users_torch_model_on_a_table_is_tuned_exported_and_served(
     )
     assert study.state == api.STUDY_STATE_COMPLETED, stack.logs()
     assert study.trial_counts == {"completed": 2}
+    # The package's executor was a spare, warm before the study.
+    assert any(t.log_events("executor.spare_taken") for t in stack.trainers)
     best = study.best_trial
     assert best.metrics["val_error"] < 0.2
     event = stack.model_ready(name, best.model_version)
@@ -131,6 +135,11 @@ def test_a_users_torch_model_on_a_table_is_tuned_exported_and_served(
     assert list(data.files) == [str(tables["breast_cancer"])]
     assert [o.name for o in event.outputs] == ["probabilities"]
     served_equals_own(stack, name, best.model_version, np.zeros((3, 30), np.float32) + 1.0)
+    # The Python client fetches the verified artifact and walks the same lineage.
+    fetched = stack.client.fetch_model(name, best.model_version, into=stack.state / "fetched")
+    assert digest(fetched)[0] == event.sha256
+    tree = "\n".join(stack.client.lineage(f"{name}@{best.model_version}").lines())
+    assert f"sha256 {package.sha256}" in tree
     # The lineage names the code and the data.
     shown = stack.cli("lineage", f"{name}@{best.model_version}")
     assert shown.returncode == 0, shown.stderr
@@ -380,9 +389,20 @@ def test_a_model_trained_elsewhere_is_registered_served_and_scored(
     with torch.no_grad():
         own = model(torch.as_tensor(x)).numpy()
     np.testing.assert_allclose(got["outputs"]["output"], own, rtol=1e-5, atol=1e-6)
-    # A second registration is the next version.
-    again = stack.cli("models", "register", name, "--artifact", str(tmp_path / "outside.pt2"))
-    assert again.returncode == 0 and f"{name} version 2" in again.stdout
+    # A second registration is the next version; this one read a feature's
+    # windows, so svc_monitor watches it against their distribution.
+    write_store(tmp_path / "store", series("sensor-1", 12))
+    again = stack.cli(
+        "models", "register", name, "--artifact", str(tmp_path / "outside.pt2"),
+        "--feature", f"temperature@{TUMBLING}",
+        env={"AISTACK_TRAINER_FEATURES_PATH": str(tmp_path / "store")},
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert f"{name} version 2" in again.stdout and "12 training windows" in again.stdout
+    second = stack.model_ready(name, "2")
+    watch = watched(second)
+    assert watch is not None and watch.feature == f"temperature@{TUMBLING}"
+    assert second.labels["feature"] == watch.feature
     # Scored in Spark as any trained model.
     pq.write_table(pa.table({f"c{i}": x[:, i] for i in range(4)}), tmp_path / "rows.parquet")
     scored = stack.cli(
@@ -409,7 +429,7 @@ def test_a_trainer_killed_mid_trial_hands_it_to_the_other_which_resumes_from_the
     trial_id = f"{study.study_id}/0"
 
     def progressed() -> tuning_pb2.TrialReport | None:
-        for report in stack.reports(trial_id):
+        for report in stack.reports(trial_id, ended=False):
             if report.WhichOneof("event") == "progress" and report.progress.step >= 3:
                 return report
         return None

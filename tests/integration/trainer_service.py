@@ -95,6 +95,9 @@ class TrainerProcess:
                 "AISTACK_TRAINER_METRICS_PORT": "0",
                 # TensorFlow's executor starts with the first TensorFlow trial.
                 "AISTACK_TRAINER_WARM_FRAMEWORKS": "torch",
+                # No spare for code packages: these trainers run none (but
+                # tests/integration/user_stack.py's do).
+                "AISTACK_TRAINER_SPARE_EXECUTORS": "",
                 **(env or {}),
             },
             stdout=self._log,

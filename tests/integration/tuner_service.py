@@ -161,6 +161,11 @@ class AnalyticTrainer:
         try:
             while not self._stop.is_set():
                 records = consumer.poll_batch(100, timeout=0.05)
+                # The tuner's proposals arrive back to back but not in one
+                # fetch: drain them all before training one, so
+                # max_in_flight counts every request the tuner has out.
+                while more := consumer.poll_batch(100, timeout=0.05):
+                    records += more
                 for record in records:
                     request = record.decode()
                     self.received.append(request)

@@ -108,6 +108,7 @@ class UserStack:
                 "AISTACK_TRAINER_EXECUTOR_STALL_SECONDS": str(STALL_SECONDS),
                 "AISTACK_TRAINER_TRIAL_MEMORY_LIMIT_MB": str(MEMORY_LIMIT_MB),
                 "AISTACK_TRAINER_ARTIFACT_ROOT": str(self.state / "artifacts"),
+                "AISTACK_TRAINER_SPARE_EXECUTORS": "torch",
             },
         )
 
@@ -129,7 +130,19 @@ class UserStack:
             print(self.logs())
             raise
 
-    def reports(self, trial_id: str) -> list[tuning_pb2.TrialReport]:
+    def reports(
+        self, trial_id: str, *, ended: bool = True, timeout: float = 30
+    ) -> list[tuning_pb2.TrialReport]:
+        """The trial's reports; when `ended`, read once its terminal one is on the recorder
+        (which may lag the tuner, which has already seen it)."""
+        if ended:
+            self.recorder.wait_for(
+                self.topics.reports,
+                lambda r: isinstance(r, tuning_pb2.TrialReport)
+                and r.trial_id == trial_id
+                and r.WhichOneof("event") in ("completed", "failed", "pruned"),
+                timeout=timeout,
+            )
         return [
             r
             for r in self.recorder.messages(self.topics.reports)
@@ -161,8 +174,11 @@ class UserStack:
         result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
         return result
 
-    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        """The ``aistack`` command with this stack's settings."""
+    def cli(
+        self, *args: str, timeout: float = 180, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """The ``aistack`` command with this stack's settings (and ``env``)."""
+        given = env or {}
         env = {
             **os.environ,
             "AISTACK_KAFKA_BOOTSTRAP": self.infra.kafka.bootstrap,
@@ -173,6 +189,7 @@ class UserStack:
             "AISTACK_SCORE_MODELS_TOPIC": self.topics.models,
             "AISTACK_STATE_DIR": str(self.state / "cli"),
             "AISTACK_SPARK_MASTER": "local[1]",
+            **given,
         }
         return subprocess.run(
             [sys.executable, "-m", "compose.cli", *args],

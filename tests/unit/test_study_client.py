@@ -87,3 +87,31 @@ def test_a_replay_prints_a_line_per_trial_and_the_verdict() -> None:
         "trial 1 (pruned, sampled): logged x=0.25 != replayed x=0.75",
         "study s: replay differs: trials 1 proposed otherwise than logged",
     ]
+
+
+def test_a_failed_study_says_why_and_names_each_failed_trial_with_its_traceback() -> None:
+    from aistack.studies import describe_study
+    from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+
+    study = api.Study(
+        study_id="s",
+        state=api.STUDY_STATE_FAILED,
+        error="trial 0: attempt 1: user_code_import: cannot import 'x.y:z'",
+        trial_counts={"failed": 1, "completed": 1},
+    )
+    failed = api.Trial(
+        number=0,
+        state=api.TRIAL_STATE_QUARANTINED,
+        errors=["attempt 1: user_code_error: the training loop raised ValueError: bad"],
+        traceback='Traceback (most recent call last):\n  File "loop.py", line 3\nValueError: bad',
+    )
+    fine = api.Trial(number=1, state=api.TRIAL_STATE_COMPLETED, model_name="m", model_version="2")
+    fine.value = 0.5
+    text = describe_study(study, [failed, fine])
+    lines = text.splitlines()
+    assert lines[0] == "study s: STUDY_STATE_FAILED; completed 1, failed 1"
+    assert lines[1] == "failed: trial 0: attempt 1: user_code_import: cannot import 'x.y:z'"
+    assert "failed trials:" in lines
+    assert "    attempt 1: user_code_error: the training loop raised ValueError: bad" in text
+    assert '        File "loop.py", line 3' in text and text.endswith("ValueError: bad")
+    assert "trial 1" not in text.split("failed trials:")[1]

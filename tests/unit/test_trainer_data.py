@@ -483,6 +483,21 @@ def test_features_are_the_previous_windows_and_the_target_the_next_mean(
     assert splits.feature == ""  # three lags: the online store cannot feed it
 
 
+def test_the_label_is_the_next_windows_statistic_the_user_chooses(tmp_path: Path) -> None:
+    write_store(tmp_path, series("sensor-1", 13))
+    mean = load("features", {"path": str(tmp_path)})
+    peak = load("features", {"path": str(tmp_path), "label": "max"})
+    # The same examples; the targets the next windows' max (mean + 1) instead.
+    np.testing.assert_array_equal(peak.x_train, mean.x_train)
+    np.testing.assert_array_equal(peak.y_train, mean.y_train + 1.0)
+    assert peak.label == "max of the next temperature window" and peak.version != mean.version
+    assert mean.label == "mean of the next temperature window"
+    assert mean.feature_names[:2] == ("mean_lag3", "stddev_lag3")
+    assert mean.split == "chronological 70/15/15"
+    with pytest.raises(TrialError, match="expected a window statistic"):
+        load("features", {"path": str(tmp_path), "label": "median"})
+
+
 def test_features_lags_option(store: Path) -> None:
     splits = load("features", {"lags": "1"}, features_path=str(store))
     # 12 examples: windows 1..12 predicted from the one before.

@@ -53,12 +53,22 @@ def test_a_torch_ddp_trial_may_ask_for_spark() -> None:
     assert trials.launcher(replace(SPEC, options={"launcher": "spark"})) == "spark"
 
 
+def test_a_tensorflow_multi_worker_trial_may_ask_for_spark() -> None:
+    spec = replace(
+        SPEC,
+        framework="tensorflow",
+        strategy="multi_worker_mirrored",
+        options={"launcher": "spark"},
+    )
+    assert trials.launcher(spec) == "spark"
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
         ({"options": {"launcher": "yarn"}}, r"launcher.*'yarn': expected one of local, spark"),
-        ({"strategy": "single"}, "torch ddp trials only, not torch single"),
-        ({"strategy": ""}, "torch ddp trials only, not torch default"),
+        ({"strategy": "single"}, "multi_worker_mirrored trials only, not torch single"),
+        ({"strategy": ""}, "multi_worker_mirrored trials only, not torch default"),
         ({"framework": "tensorflow", "strategy": "mirrored"}, "not tensorflow mirrored"),
     ],
 )
@@ -84,7 +94,7 @@ def test_the_trainer_refuses_a_bad_launcher_before_any_run(tmp_path: Path) -> No
         ),
         objective=common_pb2.Objective(metric="val_error"),
     )
-    with pytest.raises(TrialError, match="torch ddp trials only"):
+    with pytest.raises(TrialError, match="runs torch ddp and tensorflow"):
         trials.run_spec(
             request,
             checkpoint_dir=tmp_path / "c",

@@ -211,3 +211,20 @@ def test_the_readme_example_spec_is_valid() -> None:
     specs.validate(spec)
     assert len(spec.params) == 9 and spec.budget.max_parallel == 4
     assert isinstance(specs.pruner(spec), optuna.pruners.SuccessiveHalvingPruner)
+
+
+def test_a_seeded_sampler_travels_pickled_and_proposes_the_same() -> None:
+    # Ray Tune's OptunaSearch pickles its sampler (bench.user_code runs the
+    # tuner's own sampler there).
+    import pickle
+
+    spec = digits()
+    spec.seed = 11
+    original = specs.seeded_sampler(spec)
+    copy = pickle.loads(pickle.dumps(original))
+    proposals = []
+    for chosen in (original, copy):
+        study = optuna.create_study(sampler=chosen)
+        trial = study.ask(specs.distributions(spec))
+        proposals.append(trial.params)
+    assert proposals[0] == proposals[1]

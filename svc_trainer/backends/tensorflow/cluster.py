@@ -12,11 +12,16 @@ other tasks here as child processes on free localhost ports:
 - ``python -m svc_trainer.backends.tensorflow.cluster server``: a ``tf.distribute.Server`` (a
   parameter server, or a worker the coordinator schedules steps on).
 
-Both read their task from ``TF_CONFIG``. On the other hosts of a multi-node
-cluster (``spec.tf_config``), ``server`` runs a ps or worker task of a
-parameter-server cluster as is; a MultiWorkerMirrored worker there is a
-trainer calling ``runner.run`` with a tf_config naming its own (non-chief)
-task. Children never outlive the chief: ``LocalCluster`` terminates them when
+- ``python -m svc_trainer.backends.tensorflow.cluster spark-worker --job
+  DIR``: a MultiWorkerMirrored worker in a Spark barrier task, on any host of
+  the Spark cluster (``spark``: ``task.options.launcher: spark``); its chief
+  reports through the driver and exports into ``DIR``.
+
+All read their task from ``TF_CONFIG``. On the other hosts of a multi-node
+parameter-server cluster (``spec.tf_config``), ``server`` runs a ps or
+worker task as is; a MultiWorkerMirrored trial spans hosts as Spark barrier
+tasks only (a trainer replica takes whole trials, so no other replica would
+run the other workers). Children never outlive the chief: ``LocalCluster`` terminates them when
 it closes, and each child exits by itself when its parent dies (``main``
 calls ``lifetime.die_with_parent`` first: a SIGKILLed trial process runs no
 cleanup).
@@ -43,7 +48,7 @@ from shared.log import configure_logging, get_logger
 from shared.ports import free_ports
 from svc_trainer.backends.launch import LocalGroup
 from svc_trainer.lifetime import die_with_parent
-from svc_trainer.plan import DataSplits, Hyperparams, RunSpec, TrialError
+from svc_trainer.plan import CodeRef, DataSplits, Hyperparams, RunSpec, TrialError
 
 log = get_logger("svc_trainer")
 
@@ -140,8 +145,11 @@ def read_job(directory: Path) -> tuple[RunSpec, DataSplits]:
     doc = json.loads((directory / "job.json").read_text())
     spec_doc = dict(doc["spec"])
     spec_doc["hparams"] = Hyperparams(**spec_doc["hparams"])
+    spec_doc["code"] = CodeRef(**spec_doc["code"]) if spec_doc.get("code") else None
     data_doc = dict(doc["data"])
     data_doc["offsets"] = tuple(tuple(o) for o in data_doc["offsets"])
+    for name in ("files", "feature_names", "class_names"):  # JSON has lists only
+        data_doc[name] = tuple(data_doc.get(name, ()))
     with np.load(directory / "data.npz", allow_pickle=False) as arrays:
         loaded = {name: arrays[name] for name in _ARRAYS}
     return RunSpec(**spec_doc), DataSplits(**data_doc, **loaded)
@@ -237,22 +245,35 @@ def _serve() -> None:
     server.join()
 
 
-def _work(job: Path) -> None:
+def _role(*, local: bool) -> Role:
+    """This process's task, from its TF_CONFIG."""
     import tensorflow as tf
-
-    from svc_trainer.backends.tensorflow import runner as tf_runner
 
     resolver: Any = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     cluster = {k: list(v) for k, v in resolver.cluster_spec().as_dict().items()}
-    role = Role(cluster, str(resolver.task_type), int(resolver.task_id), local=True)
+    return Role(cluster, str(resolver.task_type), int(resolver.task_id), local=local)
+
+
+def _work(job: Path) -> None:
+    from svc_trainer.backends.tensorflow import runner as tf_runner
+    from svc_trainer.user_code.packages import put_on_path
+
+    role = _role(local=True)
     spec, data = read_job(job)
+    put_on_path(spec.code)
     tf_runner.train_as(role, spec, data, job / f"checkpoints-{role.task_type}-{role.task_index}")
+
+
+def _spark_work(job: Path) -> None:
+    from svc_trainer.backends.tensorflow import spark
+
+    spark.work(job, _role(local=False))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m svc_trainer.backends.tensorflow.cluster")
-    parser.add_argument("mode", choices=("worker", "server"))
-    parser.add_argument("--job", type=Path, help="the chief's job directory (worker)")
+    parser.add_argument("mode", choices=("worker", "server", "spark-worker"))
+    parser.add_argument("--job", type=Path, help="the job directory (worker, spark-worker)")
     args = parser.parse_args(argv)
     # First: a chief killed while this child imports TensorFlow must not leave it behind.
     die_with_parent()
@@ -261,9 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if args.mode == "server":
         _serve()
+        return 0
+    if args.job is None:
+        parser.error(f"{args.mode} needs --job")
+    if args.mode == "spark-worker":
+        _spark_work(args.job)
     else:
-        if args.job is None:
-            parser.error("worker needs --job")
         _work(args.job)
     return 0
 

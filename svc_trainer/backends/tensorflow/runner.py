@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from shared.log import get_logger
+from svc_trainer import trials
 from svc_trainer.backends.tensorflow.cluster import LocalCluster, Role
 from svc_trainer.backends.tensorflow.custom_loop import train_custom
 from svc_trainer.backends.tensorflow.devices import configure, distribution
@@ -66,6 +67,7 @@ from svc_trainer.backends.tensorflow.strategy import (
     check,
     given_role,
     local_role,
+    local_workers,
     strategy_of,
 )
 from svc_trainer.plan import (
@@ -77,6 +79,7 @@ from svc_trainer.plan import (
     StopReason,
     TrialError,
 )
+from svc_trainer.user_code.packages import put_on_path
 
 log = get_logger("svc_trainer")
 
@@ -86,18 +89,34 @@ WORKERS_EXIT_TIMEOUT_S = 60.0
 
 def run(spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
     """Train (see ``train``) and, when every epoch ran, export a SavedModel
-    into ``spec.export_dir`` (chief only)."""
+    into ``spec.export_dir`` (chief only). A ``multi_worker_mirrored`` trial
+    with ``task.options.launcher: spark`` runs its workers as Spark barrier
+    tasks (``spark``)."""
+    put_on_path(spec.code)  # an executor of the package has it already
+    strategy = strategy_of(spec)
+    if strategy == MULTI_WORKER and trials.launcher(spec) == "spark":
+        from svc_trainer.backends.tensorflow.spark import mwms_on_spark
+
+        check(spec, data)
+        return mwms_on_spark(spec, data, channel, local_workers(spec))
     result, model = train(spec, data, channel)
-    given = given_role(spec, strategy_of(spec))
+    given = given_role(spec, strategy)
     if given is not None and not given.is_chief:
         return result
+    return finish(spec, data, result, model)
+
+
+def finish(spec: RunSpec, data: DataSplits, result: RunResult, trained: Any) -> RunResult:
+    """The chief's result with its model exported into ``spec.export_dir``:
+    the trained Keras model of a built-in loop, or what a user's loop asked
+    to export; nothing for a run that stopped early or exports nothing."""
     if spec.entrypoint:
         from svc_trainer.backends.tensorflow import user_loop
 
-        return user_loop.finish(spec, result, model)
+        return user_loop.finish(spec, result, trained)
     if result.stopped is not StopReason.NONE or not spec.export:
         return result
-    inputs, outputs = export(model, spec, data)
+    inputs, outputs = export(trained, spec, data)
     return replace(result, export_format=EXPORT_FORMAT, inputs=inputs, outputs=outputs)
 
 
@@ -138,6 +157,17 @@ def train(spec: RunSpec, data: DataSplits, channel: Channel) -> tuple[RunResult,
         if failed := cluster.failed():
             log.warning("tf.workers.failed", trial_id=spec.trial_id, tasks=failed)
     return result, model
+
+
+def train_in_cluster(
+    spec: RunSpec, data: DataSplits, channel: Channel, role: Role, scratch: Path
+) -> tuple[RunResult, Any]:
+    """One MultiWorkerMirrored worker's training in a cluster another launcher
+    started (a Spark barrier task's, ``spark``): the chief's result and model
+    (or export request); the others' throw-away checkpoints go to
+    ``scratch``."""
+    check(spec, data)
+    return _train(spec, data, channel, MULTI_WORKER, role, scratch)
 
 
 def train_as(role: Role, spec: RunSpec, data: DataSplits, scratch: Path) -> None:
@@ -217,8 +247,11 @@ class TensorFlowRunner:
 
         try:
             strategy = strategy_of(spec)
+            on_spark = trials.launcher(spec) == "spark"
         except TrialError:
             return False  # the run refuses it with its reason
+        if on_spark:
+            return False  # its workers run in processes of their own; this one drives Spark
         gpus = bool(tf.config.list_physical_devices("GPU"))
         return (
             strategy in (MULTI_WORKER, PARAMETER_SERVER)

@@ -71,7 +71,15 @@ def check(spec: RunSpec, data: DataSplits) -> str:
         raise TrialError("device=cuda but this host has no GPU", reason="invalid_params")
     if strategy == PARAMETER_SERVER:
         ps_count(spec)
-    if strategy == MULTI_WORKER and not spec.tf_config:
+    if strategy == MULTI_WORKER and spec.tf_config:
+        raise TrialError(
+            "multi_worker_mirrored across hosts runs as Spark barrier tasks "
+            "(task.options.launcher: spark): a trainer replica takes whole trials, so no "
+            "other host's replica would run the other workers; AISTACK_TRAINER_TF_CONFIG "
+            "names parameter_server clusters only",
+            reason="invalid_params",
+        )
+    if strategy == MULTI_WORKER:
         check_replicas_fit(strategy, local_workers(spec), local_gpus(spec))
     elif strategy in (MIRRORED, CENTRAL_STORAGE):
         check_replicas_fit(strategy, spec.world_size, local_gpus(spec))

@@ -32,6 +32,7 @@ from svc_trainer.plan import (
     SilentChannel,
     check_replicas_fit,
 )
+from svc_trainer.user_code.packages import put_on_path
 
 _DDP_TIMEOUT = timedelta(minutes=5)
 # After rank 0's run, the other ranks get this long to exit by themselves,
@@ -106,6 +107,8 @@ def _ddp_rank(rank: int, world: int, init: str, spec: RunSpec, data: DataSplits)
     torch.manual_seed(spec.seed)
     code = 0
     try:
+        # A user's model (task.model): forked from a server that may predate its package.
+        put_on_path(spec.code)
         _ddp_train(rank, world, init, spec, data, SilentChannel(), check(spec, data))
     except BaseException:
         traceback.print_exc()

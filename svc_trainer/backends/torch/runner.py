@@ -57,9 +57,11 @@ from svc_trainer.plan import (
     RunSpec,
     StopReason,
 )
+from svc_trainer.user_code.packages import put_on_path
 
 
 def run(spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
+    put_on_path(spec.code)  # an executor of the package has it already
     if spec.entrypoint:
         from svc_trainer.backends.torch import user_loop
 

@@ -70,6 +70,7 @@ from svc_trainer.user_code.loop import (
     result,
     with_export,
 )
+from svc_trainer.user_code.packages import put_on_path
 
 #: How long rank 0 waits for the other ranks to say why they failed.
 FAILURE_WAIT_S = 10.0
@@ -84,6 +85,7 @@ def run(spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
             "platform's loop's (use single and ctx.device, or ddp)",
             reason="invalid_params",
         )
+    put_on_path(spec.code)
     resolve(spec.entrypoint, "task.entrypoint")  # before any rank starts
     if strategy == "ddp" and trials.launcher(spec) == "spark":
         from svc_trainer.backends.torch.spark import user_loop_on_spark
@@ -223,6 +225,7 @@ def _joined(
 def _rank(rank: int, world: int, init: str, spec: RunSpec, data: DataSplits, said: str) -> None:
     code = 0
     try:
+        put_on_path(spec.code)  # forked from a server that may predate the package
         _joined(rank, world, init, spec, data, SilentChannel())
     except BaseException as exc:
         error = exc if isinstance(exc, TrialError) else failures.from_exception(exc, LOOP)

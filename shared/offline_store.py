@@ -1,0 +1,224 @@
+"""The offline feature store read back: svc_transform's Parquet windows
+(``shared.feature_store`` names the layout), one metric's windows of one kind
+at a time, the latest batch of each window winning (a replayed batch writes
+a window again).
+
+The one reader of the store's windows: svc_trainer's ``features`` dataset
+trains on them, and a model registered from outside takes its training
+distribution from them (``aistack.models``). Problems with the store raise
+``OfflineStoreError`` (reason ``bad_dataset``) with one line naming them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from shared import distribution
+from shared.contracts.aistack.v1 import models_pb2
+from shared.errors import InvalidArgument
+from shared.feature_store import (
+    FEATURE_STATS,
+    PARTITION_COLUMNS,
+    PARTITIONS,
+    SERIES_COLUMNS,
+    online_field,
+)
+
+
+class OfflineStoreError(InvalidArgument):
+    """The store, or what was asked of it, cannot be read."""
+
+    reason = "bad_dataset"
+
+
+@dataclass(frozen=True)
+class Windows:
+    """One metric's windows of one kind, one row per (series, start), sorted by both."""
+
+    series: NDArray[np.int64]
+    start_us: NDArray[np.int64]
+    slide_us: NDArray[np.int64]
+    stats: NDArray[np.float64]  # (rows, len(stat_names)); NaN and null already 0
+    target: NDArray[np.float64]  # the label statistic; NaN where the store has none
+    stat_names: tuple[str, ...]
+
+
+def _arrow() -> tuple[Any, Any]:
+    """(pyarrow, pyarrow.dataset), imported on first use: only readers need them."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    return pa, ds
+
+
+def open_store(root: Path) -> Any:
+    pa, ds = _arrow()
+    partitioning = ds.partitioning(
+        pa.schema([(name, pa.type_for_alias(kind)) for name, kind in PARTITIONS]), flavor="hive"
+    )
+    # Spark writes timestamps as INT96 by default; microseconds is their precision.
+    parquet = ds.ParquetFileFormat(read_options={"coerce_int96_timestamp_unit": "us"})
+    try:
+        return ds.dataset(str(root), format=parquet, partitioning=partitioning)
+    except (OSError, ValueError) as exc:
+        raise OfflineStoreError(f"cannot read the Parquet store {root}: {exc}") from exc
+
+
+def choose(
+    store: Any, metric: str, window: str, root: Path, *, named_in: str = ""
+) -> tuple[str, str]:
+    """(metric, window kind): the ones given ("" for any), which the store
+    must hold, or the only one it holds. ``named_in``: where the caller's
+    user names them (``options``), for the message when the store holds
+    several."""
+    _, ds = _arrow()
+    present: set[tuple[str, str]] = set()
+    for fragment in store.get_fragments():
+        keys = ds.get_partition_keys(fragment.partition_expression)
+        if keys.get("metric") is not None and keys.get("window") is not None:
+            present.add((str(keys["metric"]), str(keys["window"])))
+    if not present:
+        raise OfflineStoreError(
+            f"{root} holds no Parquet files under {_LAYOUT} partitions",
+        )
+    metric = _pick("metric", metric, {m for m, _ in present}, root, named_in)
+    windows = {w for m, w in present if m == metric}
+    window = _pick(f"window (of {metric})", window, windows, root, named_in)
+    return metric, window
+
+
+_LAYOUT = "/".join(f"{name}=" for name in PARTITION_COLUMNS)
+
+
+def _pick(what: str, wanted: str, available: set[str], root: Path, named_in: str) -> str:
+    known = ", ".join(sorted(available))
+    if wanted:
+        if wanted not in available:
+            raise OfflineStoreError(f"{root} has no {what} {wanted!r}; it has: {known}")
+        return wanted
+    if len(available) > 1:
+        option = what.split()[0]
+        name = f'set {named_in}["{option}"] to' if named_in else f"name the {option},"
+        raise OfflineStoreError(f"{root} holds several: {name} one of: {known}")
+    return next(iter(available))
+
+
+def selection(metric: str, window: str) -> Any:
+    _, ds = _arrow()
+    return (ds.field("metric") == metric) & (ds.field("window") == window)
+
+
+def latest_windows(
+    store: Any,
+    selected: Any,
+    where: str,
+    bounds: tuple[int | None, int | None],
+    label: str = "mean",
+) -> Windows:
+    """The selected windows starting within ``bounds`` (µs, inclusive; None:
+    open); of a window a replayed batch wrote again, the latest batch's."""
+    names = set(store.schema.names)
+    for required in ("window_start", "window_slide", "mean", label):
+        if required not in names:
+            raise OfflineStoreError(f"{where}: no {required!r} column")
+    stat_names = tuple(stat for stat in FEATURE_STATS if stat in names)
+    series_columns = [c for c in SERIES_COLUMNS if c in names]
+    columns = [*series_columns, "window_start", "window_slide", "batch", *stat_names]
+    table = store.to_table(columns=columns, filter=selected)
+    low, high = bounds
+    if low is not None or high is not None:
+        start = _micros(table["window_start"])
+        inside = np.ones(len(start), dtype=bool)
+        if low is not None:
+            inside &= start >= low
+        if high is not None:
+            inside &= start <= high
+        pa, _ = _arrow()
+        table = table.filter(pa.array(inside))
+    series = _series_codes(table, series_columns)
+    start = _micros(table["window_start"])
+    batch = _int64(table["batch"])
+    order = np.lexsort((batch, start, series))
+    series, start, batch = series[order], start[order], batch[order]
+    # Sorted by batch within a window: the last row of each window is the latest batch's.
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = (series[1:] != series[:-1]) | (start[1:] != start[:-1])
+    kept = order[last]
+    stats = np.column_stack([_float64(table[stat]) for stat in stat_names])[kept]
+    return Windows(
+        series=series[last],
+        start_us=start[last],
+        slide_us=_int64(table["window_slide"])[kept] * 1_000_000,
+        stats=np.where(np.isfinite(stats), stats, 0.0),
+        target=_float64(table[label])[kept],
+        stat_names=stat_names,
+    )
+
+
+def latest_start_us(store: Any, selected: Any) -> int | None:
+    column = store.to_table(columns=["window_start"], filter=selected)["window_start"]
+    if not len(column):
+        return None
+    return int(_micros(column).max())
+
+
+def _series_codes(table: Any, columns: Sequence[str]) -> NDArray[np.int64]:
+    """One integer per distinct (entity, path, unit), ordered as the values sort."""
+    if not columns:
+        return np.zeros(table.num_rows, dtype=np.int64)
+    codes = []
+    for column in columns:
+        values = table[column].fill_null("").to_numpy(zero_copy_only=False).astype(str)
+        codes.append(np.unique(values, return_inverse=True)[1].reshape(-1))
+    combined = np.unique(np.column_stack(codes), axis=0, return_inverse=True)[1]
+    return np.asarray(combined, dtype=np.int64).reshape(-1)
+
+
+def _micros(column: Any) -> NDArray[np.int64]:
+    pa, _ = _arrow()
+    unit_us = pa.timestamp("us", tz=column.type.tz)
+    return _int64(column.cast(unit_us).cast(pa.int64()))
+
+
+def _int64(column: Any) -> NDArray[np.int64]:
+    return np.asarray(column.fill_null(0).to_numpy(), dtype=np.int64)
+
+
+def _float64(column: Any) -> NDArray[np.float64]:
+    pa, _ = _arrow()
+    # Nulls become NaN, which the caller treats as missing.
+    return np.asarray(column.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def training_distribution(
+    root: Path, feature: str, bounds: tuple[int | None, int | None] = (None, None)
+) -> models_pb2.TrainingDistribution:
+    """The distribution of ``feature``'s windows in the store (a field
+    ``metric@window``, e.g. ``temperature@tumbling-60s``), those starting
+    within ``bounds`` (µs, inclusive; None: open): the reference a model that
+    read them is watched against. OfflineStoreError for another field, or
+    no such windows."""
+    metric, _, window = feature.rpartition("@")
+    if not metric or not window or "|" in metric:
+        raise OfflineStoreError(
+            f"feature {feature!r}: expected metric@window, e.g. temperature@tumbling-60s"
+        )
+    store = open_store(root)
+    choose(store, metric, window, root)
+    windows = latest_windows(store, selection(metric, window), f"{root} ({feature})", bounds)
+    if not len(windows.start_us):
+        raise OfflineStoreError(f"{root} holds no windows of {feature} within the bounds given")
+    return distribution.training_distribution(
+        feature=online_field(metric, window),
+        metric=metric,
+        window=window,
+        statistics={name: windows.stats[:, i] for i, name in enumerate(windows.stat_names)},
+        first_window_start_us=int(windows.start_us.min()),
+        last_window_start_us=int(windows.start_us.max()),
+    )
