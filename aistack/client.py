@@ -126,7 +126,7 @@ class Client:
         out: TextIO | None = sys.stdout if progress is True else (progress or None)
         study = self.study(study_id)
         maximize = study.spec.objective.direction == common_pb2.DIRECTION_MAXIMIZE
-        seen: dict[int, api.Trial] = {}
+        lines = studies.Progress(study.spec.budget.max_trials, maximize)
         deadline = None if timeout is None else time.monotonic() + timeout
         stream = self._tuner.WatchStudy(
             api.WatchStudyRequest(study_id=study_id),
@@ -134,10 +134,9 @@ class Client:
         )
         try:
             for update in stream:
-                seen[update.trial.number] = update.trial
-                if out is not None:
-                    budget = study.spec.budget.max_trials
-                    out.write(studies.progress_line(seen.values(), budget, maximize) + "\n")
+                line = lines.update(update.trial)
+                if out is not None and line is not None:
+                    out.write(line + "\n")
                     out.flush()
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:

@@ -106,6 +106,25 @@ def progress_line(trials: Iterable[api.Trial], total: int, maximize: bool) -> st
     return "  ".join(parts)
 
 
+class Progress:
+    """A watched study's progress: a new line only when a trial's state (or the
+    best) changes; an epoch's intermediate value is an update too, not a change."""
+
+    def __init__(self, total: int, maximize: bool) -> None:
+        self._total = total
+        self._maximize = maximize
+        self._trials: dict[int, api.Trial] = {}
+        self._line = ""
+
+    def update(self, trial: api.Trial) -> str | None:
+        self._trials[trial.number] = trial
+        line = progress_line(self._trials.values(), self._total, self._maximize)
+        if line == self._line:
+            return None
+        self._line = line
+        return line
+
+
 def describe_trial(trial: api.Trial) -> str:
     params = ", ".join(
         f"{name}={getattr(v, v.WhichOneof('kind') or 'float_value')}"

@@ -21,11 +21,11 @@ from google.protobuf import json_format
 
 from aistack.settings import ClientSettings, TunerClientSettings
 from aistack.studies import (
+    Progress,
     describe_replay,
     describe_study,
     describe_trial,
     load_spec,
-    progress_line,
     ship_code,
     with_code,
 )
@@ -189,15 +189,15 @@ async def watch(stub: TunerServiceStub, study_id: str, out: TextIO) -> int:
     """Print a progress line per change until the study ends (redrawn in place on a terminal)."""
     study = (await stub.GetStudy(api.GetStudyRequest(study_id=study_id))).study
     maximize = study.spec.objective.direction == common_pb2.DIRECTION_MAXIMIZE
-    trials: dict[int, api.Trial] = {}
+    lines = Progress(study.spec.budget.max_trials, maximize)
     live = out.isatty()
     state: int = study.state
     async for update in stub.WatchStudy(api.WatchStudyRequest(study_id=study_id)):
-        trials[update.trial.number] = update.trial
         state = update.study_state
-        line = progress_line(trials.values(), study.spec.budget.max_trials, maximize)
-        out.write(("\r" + line) if live else (line + "\n"))
-        out.flush()
+        line = lines.update(update.trial)
+        if line is not None:
+            out.write(("\r" + line) if live else (line + "\n"))
+            out.flush()
     if live:
         out.write("\n")
     out.write(f"study {study_id}: {api.StudyState.Name(state)}\n")

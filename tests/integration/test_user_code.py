@@ -8,10 +8,12 @@ a model trained elsewhere, registered, served and scored."""
 
 from __future__ import annotations
 
+import io
 import shutil
 import signal
 import uuid
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +178,7 @@ def test_a_users_own_loop_trains_under_ddp_with_two_ranks_and_is_served(
     stack: UserStack, tables: dict[str, Path]
 ) -> None:
     name = f"wine-loop-{uuid.uuid4().hex[:6]}"
+    watched_lines = io.StringIO()
     study = stack.run_study(
         spec(
             "custom-loop",
@@ -190,8 +193,13 @@ def test_a_users_own_loop_trains_under_ddp_with_two_ranks_and_is_served(
             params=[{"name": "lr", "categorical": {"choices": [{"float_value": 0.02}]}}],
         ),
         code=EXAMPLE,
+        progress=watched_lines,
     )
     assert study.state == api.STUDY_STATE_COMPLETED, stack.logs()
+    # A line per change of the trials' states, not one per epoch's value.
+    lines = [line for line in watched_lines.getvalue().splitlines() if line.startswith("[")]
+    assert lines and all(a != b for a, b in pairwise(lines))
+    assert len(lines) < 6 and "completed 1" in lines[-1]
     (trial,) = trials(stack, study)
     assert trial.metrics["val_error"] < 0.3
     reports = stack.reports(trial.trial_id)

@@ -13,7 +13,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -120,12 +120,18 @@ class UserStack:
         return True
 
     def run_study(
-        self, spec: dict[str, Any], *, code: Path | None = None, timeout: float = 300
+        self,
+        spec: dict[str, Any],
+        *,
+        code: Path | None = None,
+        timeout: float = 300,
+        progress: TextIO | None = None,
     ) -> api.Study:
-        """Create the study, wait for its end; the study as it ended."""
+        """Create the study, wait for its end (its progress lines on `progress`); the study as
+        it ended."""
         study = self.client.create_study(spec, code=code)
         try:
-            return self.client.wait(study.study_id, progress=False, timeout=timeout)
+            return self.client.wait(study.study_id, progress=progress or False, timeout=timeout)
         except Exception:
             print(self.logs())
             raise

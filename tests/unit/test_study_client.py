@@ -115,3 +115,22 @@ def test_a_failed_study_says_why_and_names_each_failed_trial_with_its_traceback(
     assert "    attempt 1: user_code_error: the training loop raised ValueError: bad" in text
     assert '        File "loop.py", line 3' in text and text.endswith("ValueError: bad")
     assert "trial 1" not in text.split("failed trials:")[1]
+
+
+def test_a_watched_study_prints_a_line_per_change_of_its_trials_not_per_epoch() -> None:
+    from aistack.studies import Progress
+    from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+
+    progress = Progress(total=2, maximize=False)
+    running = api.Trial(number=0, state=api.TRIAL_STATE_RUNNING)
+    assert progress.update(api.Trial(number=0, state=api.TRIAL_STATE_REQUESTED)) is not None
+    assert progress.update(running) is not None
+    # Each epoch's intermediate value is an update of the same running trial.
+    assert progress.update(running) is None and progress.update(running) is None
+    done = api.Trial(number=0, state=api.TRIAL_STATE_COMPLETED)
+    done.value = 0.25
+    line = progress.update(done)
+    assert line is not None and line.endswith(
+        "completed 1  pruned 0  failed 0  quarantined 0  best 0.25 (trial 0)"
+    )
+    assert line.startswith("[############............] 1/2")
