@@ -174,6 +174,31 @@ def test_the_same_model_in_keras_trains_through_tensorflows_own_loop(
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
 
 
+def test_a_users_loader_feeds_a_users_model_and_names_itself_in_the_lineage(
+    stack: UserStack,
+) -> None:
+    name = f"iris-{uuid.uuid4().hex[:6]}"
+    study = stack.run_study(
+        spec(
+            "loader",
+            {
+                "dataset": "testloops.data:iris",
+                "model": "testloops.models:sequential",
+                "model_name": name,
+                "epochs": 2,
+            },
+        ),
+        code=LOOPS,
+    )
+    assert study.state == api.STUDY_STATE_COMPLETED, stack.logs()
+    event = stack.model_ready(name, study.best_trial.model_version)
+    data = event.lineage.data
+    assert data.dataset.startswith("testloops.data:iris@")
+    assert data.split == "stratified 60/20/20, seed 0"
+    got = stack.predict(name, np.ones((2, 4), np.float32), version=event.version)
+    assert np.asarray(got["outputs"]["probabilities"]).shape == (2, 3)
+
+
 def test_a_users_own_loop_trains_under_ddp_with_two_ranks_and_is_served(
     stack: UserStack, tables: dict[str, Path]
 ) -> None:
