@@ -56,6 +56,8 @@ class Client:
         self._channel = open_sync_channel(
             tuner or tuner_settings.target,
             tls_ca_file=tuner_settings.tls_ca_file,
+            tls_cert_file=tuner_settings.tls_client_cert_file,
+            tls_key_file=tuner_settings.tls_client_key_file,
             token=token.get_secret_value() if token else None,
         )
         self._tuner = TunerServiceStub(self._channel)  # type: ignore[no-untyped-call]
@@ -64,6 +66,8 @@ class Client:
             model_server or model.target,
             model.auth_token.get_secret_value() if model.auth_token else None,
             model.tls_ca_file,
+            model.tls_client_cert_file,
+            model.tls_client_key_file,
         )
 
     def close(self) -> None:

@@ -52,6 +52,9 @@ class Server:
     target: str = "localhost:8001"
     token: str | None = None
     tls_ca_file: Path | None = None
+    # For a server that asks for a client certificate (mutual TLS).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
 
 
 def predict(
@@ -74,7 +77,13 @@ def predict(
 
     headers = {"authorization": f"Bearer {server.token}"} if server.token else None
     ca = str(server.tls_ca_file) if server.tls_ca_file else None
-    client = triton.InferenceServerClient(server.target, ssl=bool(ca), root_certificates=ca)
+    client = triton.InferenceServerClient(
+        server.target,
+        ssl=bool(ca),
+        root_certificates=ca,
+        private_key=str(server.tls_key_file) if server.tls_key_file else None,
+        certificate_chain=str(server.tls_cert_file) if server.tls_cert_file else None,
+    )
     try:
         metadata = client.get_model_metadata(model, version, headers=headers, as_json=True)
         tensors, parameters = [], {}

@@ -29,6 +29,10 @@ class TunerClientSettings(BaseSettings):
     target: str = "localhost:50051"
     # A CA file: the client then connects with TLS.
     tls_ca_file: Path | None = None
+    # A certificate and its key for a server that asks for one (its
+    # AISTACK_TUNER_TLS_CLIENT_CA_FILE: mutual TLS).
+    tls_client_cert_file: Path | None = None
+    tls_client_key_file: Path | None = None
     auth_token: SecretStr | None = None
 
 
@@ -41,6 +45,8 @@ class ModelClientSettings(BaseSettings):
 
     target: str = "localhost:8001"
     tls_ca_file: Path | None = None
+    tls_client_cert_file: Path | None = None
+    tls_client_key_file: Path | None = None
     auth_token: SecretStr | None = None
 
 

@@ -36,6 +36,8 @@ def add_parser(commands: Any) -> None:
     predict.add_argument("--url", default="localhost:8001", help="svc_model's gRPC address")
     predict.add_argument("--token", help="bearer token, when the server asks for one")
     predict.add_argument("--tls-ca", help="CA file: connect with TLS")
+    predict.add_argument("--tls-cert", help="with --tls-ca: a client certificate (mutual TLS)")
+    predict.add_argument("--tls-key", help="the client certificate's key")
     predict.set_defaults(run=run)
 
 
@@ -48,12 +50,19 @@ def read_input(text: str) -> np.ndarray[Any, Any]:
         if not path.is_file():
             raise InvalidArgument(f"--input: no such file {text}")
         return np.asarray(np.load(path, allow_pickle=False))
-    if path.is_file():
+    if _is_file(path):
         text = path.read_text()
     try:
         return np.asarray(json.loads(text))
     except ValueError as exc:
         raise InvalidArgument(f"--input: not a .npy file nor JSON: {exc}") from exc
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a JSON literal longer than a file name may be
+        return False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +72,13 @@ def run(args: argparse.Namespace) -> int:
 
     from aistack.predictions import Server, predict
 
-    server = Server(args.url, args.token, Path(args.tls_ca) if args.tls_ca else None)
+    server = Server(
+        args.url,
+        args.token,
+        Path(args.tls_ca) if args.tls_ca else None,
+        Path(args.tls_cert) if args.tls_cert else None,
+        Path(args.tls_key) if args.tls_key else None,
+    )
     prediction = predict(
         server,
         args.model,

@@ -126,6 +126,8 @@ class TunerConnection(NamedTuple):
     target: str
     tls_ca_file: Path | None
     token: str | None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
 
 
 def tuner_connection(args: argparse.Namespace, settings: TunerClientSettings) -> TunerConnection:
@@ -134,12 +136,20 @@ def tuner_connection(args: argparse.Namespace, settings: TunerClientSettings) ->
         args.tuner or settings.target,
         Path(args.ca) if args.ca else settings.tls_ca_file,
         settings.auth_token.get_secret_value() if settings.auth_token else None,
+        settings.tls_client_cert_file,
+        settings.tls_client_key_file,
     )
 
 
 async def _run(args: argparse.Namespace, settings: TunerClientSettings) -> int:
-    target, ca_file, token = tuner_connection(args, settings)
-    async with open_channel(target, tls_ca_file=ca_file, token=token) as channel:
+    connection = tuner_connection(args, settings)
+    async with open_channel(
+        connection.target,
+        tls_ca_file=connection.tls_ca_file,
+        tls_cert_file=connection.tls_cert_file,
+        tls_key_file=connection.tls_key_file,
+        token=connection.token,
+    ) as channel:
         stub = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
         try:
             return await _dispatch(stub, args)

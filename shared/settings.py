@@ -19,7 +19,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from shared.errors import ConfigError
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+#: Mechanisms Kafka knows that no aistack client is wired for (a token
+#: provider, a Kerberos keytab): refused at start-up rather than failing later.
+UNWIRED_SASL_MECHANISMS = ("OAUTHBEARER", "GSSAPI")
 
 
 def _xdg_dir(variable: str, fallback: str) -> Path:
@@ -44,6 +47,9 @@ class CommonSettings(BaseSettings):
     log_format: Literal["json", "console"] = "json"
     state_dir: Path = Field(default_factory=default_state_dir)
     cache_dir: Path = Field(default_factory=default_cache_dir)
+    # /metrics answers anyone who reaches it, without credentials: this host
+    # only, unless a scraper elsewhere needs it (0.0.0.0 in a container).
+    metrics_host: str = Field(default="127.0.0.1", min_length=1)
 
     @field_validator("log_level", mode="before")
     @classmethod
@@ -69,6 +75,19 @@ class KafkaSettings(BaseSettings):
     # Defaults for topics aistack creates (topic administration).
     topic_partitions: int = Field(default=3, ge=1, le=10_000)
     topic_replication_factor: int = Field(default=1, ge=1, le=16)
+    # Writes with acks=all fail when fewer replicas are in sync: 2 of 3 keeps a
+    # topic writable through one broker's loss without losing an acked record.
+    topic_min_insync_replicas: int = Field(default=1, ge=1, le=16)
+
+    @field_validator("sasl_mechanism", mode="before")
+    @classmethod
+    def _wired_mechanism(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.upper() in UNWIRED_SASL_MECHANISMS:
+            raise ValueError(
+                f"{value} is not wired into aistack's Kafka clients; "
+                "use PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"
+            )
+        return value
 
     @field_validator("bootstrap")
     @classmethod
@@ -88,6 +107,16 @@ class KafkaSettings(BaseSettings):
         if value is not None and not value.is_file():
             raise ValueError(f"no such file: {value}")
         return value
+
+    @model_validator(mode="after")
+    def _check_replicas(self) -> KafkaSettings:
+        if self.topic_min_insync_replicas > self.topic_replication_factor:
+            raise ValueError(
+                f"AISTACK_KAFKA_TOPIC_MIN_INSYNC_REPLICAS ({self.topic_min_insync_replicas}) "
+                f"exceeds AISTACK_KAFKA_TOPIC_REPLICATION_FACTOR "
+                f"({self.topic_replication_factor}): no write could ever succeed"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_sasl(self) -> KafkaSettings:

@@ -48,7 +48,7 @@ def main() -> int:
             "state.rebuilding", why="no clean shutdown: local state comes from the changelog"
         )
     metrics = IngestMetrics.create()
-    serve_metrics(settings.metrics_port)
+    serve_metrics(settings.metrics_port, settings.common.metrics_host)
     app = create_app(settings, metrics, partitions=partitions)
     worker = faust.Worker(
         app,

@@ -24,6 +24,7 @@ import faust
 import mode
 from faust.types import TP, EventT, Message
 
+from shared.bus.lag import ConsumerLag, behind
 from shared.bus.topics import (
     EVENTS_CLEAN,
     EVENTS_DLQ,
@@ -102,6 +103,7 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
         settings.app_id,
         broker=[f"{transport.SCHEME}://{server}" for server in kafka.bootstrap.split(",")],
         broker_credentials=_credentials(kafka),
+        broker_client_id=kafka.client_id,
         processing_guarantee=settings.processing_guarantee,
         store=_store_url(settings.store),
         datadir=str(directory),
@@ -151,11 +153,13 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
         expire_every_ms=int(max(1.0, min(60.0, settings.dedup_window_seconds / 10)) * 1000),
     )
 
+    observe = _Observer(app, metrics, settings.source_topic, ConsumerLag(settings.app_id))
+
     async def on_rebalance_complete(sender: Any, **kwargs: Any) -> None:
         checkpoint.rebalanced()
+        observe.rebalanced()
 
     app.on_rebalance_complete.connect(on_rebalance_complete)  # type: ignore[arg-type]
-    observe = _Observer(app, metrics, settings.source_topic)
 
     def decide(message: Message, now_us: int) -> Outcome:
         return handler.handle(
@@ -194,12 +198,22 @@ async def _batches(
 
 
 class _Observer:
-    """A committed batch's counters, dead-letter log lines and consumer lag."""
+    """A committed batch's counters, dead-letter log lines and consumer lag.
 
-    def __init__(self, app: faust.App, metrics: IngestMetrics, source_topic: str) -> None:
+    The lag is the shared one (``aistack_consumer_lag``, under the group id)
+    and, the same number, ``aistack_ingest_consumer_lag``, which dashboards
+    read from before there was a shared one. It is measured after each
+    committed batch from aiokafka's highwater of the last fetch (no request).
+    """
+
+    def __init__(
+        self, app: faust.App, metrics: IngestMetrics, source_topic: str, lag: ConsumerLag
+    ) -> None:
         self._app = app
         self._metrics = metrics
         self._source_topic = source_topic
+        self._lag = lag
+        self._lagging: set[int] = set()  # partitions with an ingest_consumer_lag series
         self._outcomes = {
             k: metrics.outcomes.labels(k) for k in ("clean", "dead_letter", "duplicate")
         }
@@ -228,10 +242,20 @@ class _Observer:
                 self._outcomes[kind].inc(count)
         for partition, offset in last_offsets.items():
             highwater = self._app.consumer.highwater(TP(self._source_topic, partition))
-            if highwater is not None:
-                self._metrics.consumer_lag.labels(str(partition)).set(
-                    max(highwater - offset - 1, 0)
-                )
+            lag = None if highwater is None else behind(highwater, offset + 1)
+            if lag is not None:
+                self._metrics.consumer_lag.labels(str(partition)).set(lag)
+                self._lagging.add(partition)
+                self._lag.set(self._source_topic, partition, lag)
+
+    def rebalanced(self) -> None:
+        """Forget the lag of the partitions another worker took over."""
+        source = self._source_topic
+        held = {tp.partition for tp in self._app.consumer.assignment() if tp.topic == source}
+        self._lag.keep([(source, partition) for partition in held])
+        for partition in self._lagging - held:
+            self._metrics.consumer_lag.remove(str(partition))
+        self._lagging &= held
 
 
 def _ignore(*args: Any) -> None:

@@ -46,7 +46,7 @@ async def serve(settings: ModelSettings) -> int:
     from svc_model.app import ModelServer
 
     log = get_logger("svc_model")
-    serve_metrics(settings.metrics_port)
+    serve_metrics(settings.metrics_port, settings.common.metrics_host)
     server = await ModelServer.start(settings)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

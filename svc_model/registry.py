@@ -96,6 +96,7 @@ class RegistryFollower:
                 topics=[self._settings.models_topic],
                 message_cls=models_pb2.ModelReady,
                 from_beginning=True,
+                reader=f"{SERVICE}.registry",
             )
         except Exception as exc:
             self._failure = exc

@@ -46,7 +46,7 @@ def main() -> int:
 def serve(settings: MonitorSettings, stopping: threading.Event) -> int:
     from svc_monitor.app import MonitorApp
 
-    serve_metrics(settings.metrics_port)
+    serve_metrics(settings.metrics_port, settings.common.metrics_host)
     app = MonitorApp.start(settings)
     try:
         app.run(stopping.is_set)

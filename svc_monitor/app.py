@@ -94,7 +94,11 @@ class MonitorApp:
         s = self.settings
         deadline = time.monotonic() + s.replay_timeout_seconds
         self._models = BusTail(
-            s.kafka, topics=[s.models_topic], message_cls=models_pb2.ModelReady, from_beginning=True
+            s.kafka,
+            topics=[s.models_topic],
+            message_cls=models_pb2.ModelReady,
+            from_beginning=True,
+            reader=f"{SERVICE}.models",
         )
         self._closers.append(self._models.close)
         models = self._models_loop(self._models)
@@ -107,6 +111,7 @@ class MonitorApp:
             topics=[s.windows_topic],
             message_cls=features_pb2.FeatureWindow,
             last=s.rebuild_records,
+            reader=f"{SERVICE}.windows",
         )
         self._closers.append(self._windows.close)
         if s.rebuild_records:
@@ -148,7 +153,11 @@ class MonitorApp:
 
     def _remember(self, timeout: float) -> int:
         records = read_to_end(
-            self.settings.kafka, self.settings.drift_topic, monitoring_pb2.DriftDetected, timeout
+            self.settings.kafka,
+            self.settings.drift_topic,
+            monitoring_pb2.DriftDetected,
+            timeout,
+            reader=f"{SERVICE}.drift",
         )
         for record in records:
             if record.is_tombstone:

@@ -38,7 +38,7 @@ def serve(settings: TrainerSettings) -> int:
     from svc_trainer.app import build_worker
 
     worker = build_worker(settings)
-    serve_metrics(settings.metrics_port)
+    serve_metrics(settings.metrics_port, settings.common.metrics_host)
     stopping = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:

@@ -24,6 +24,8 @@
   batch per poll.
 - Control messages (prune, stop) are read from ``aistack.tuning.control`` by
   every replica and honoured at the run's next check.
+- The group's lag (``aistack_consumer_lag``, ``shared.bus.lag``) counts from
+  the committed offsets, so the requests waiting here count as not yet done.
 - SIGTERM, or losing the trial's partition in a rebalance, stops the run at
   its next check and hands the trial back uncommitted: whoever gets it next
   resumes from its last checkpoint.
@@ -148,7 +150,10 @@ class Worker:
             config={"session.timeout.ms": 10_000, "heartbeat.interval.ms": 1_000},
         )
         control: BusTail[tuning_pb2.TrialControl] = BusTail(
-            settings.kafka, topics=[settings.control_topic], message_cls=tuning_pb2.TrialControl
+            settings.kafka,
+            topics=[settings.control_topic],
+            message_cls=tuning_pb2.TrialControl,
+            reader=f"{SERVICE}.control",
         )
         self._executors.warm(settings.warm_framework_names())
         log.info("trainer.started", trainer_id=self._trainer_id, group=settings.group_id)

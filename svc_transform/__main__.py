@@ -36,7 +36,7 @@ def main() -> int:
         print(f"svc_transform: {exc}", file=sys.stderr)
         return 1
     metrics = TransformMetrics.create()
-    serve_metrics(settings.metrics_port)
+    serve_metrics(settings.metrics_port, settings.common.metrics_host)
     stopping: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -13,7 +13,10 @@ killed job resumes each where it stopped.
 
 from __future__ import annotations
 
+import ast
+import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +24,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from shared.bus.deadletter import ERROR_HEADER, SOURCE_HEADER
+from shared.bus.lag import ConsumerLag, behind
 from shared.log import get_logger
 from svc_transform.functions import CLEAN_EVENT_ERROR, ENCODE_DEAD_LETTER
 from svc_transform.metrics import TransformMetrics
@@ -233,18 +237,28 @@ def start_open_windows(
 
 
 class ProgressListener(StreamingQueryListener):
-    """Counts rows in and late rows dropped, from Spark's progress reports."""
+    """Counts rows in and late rows dropped, and exports each query's
+    consumer lag (``shared.bus.lag``, reader ``svc_transform.<query>``), from
+    Spark's progress reports."""
 
     def __init__(self, metrics: TransformMetrics) -> None:
         self._metrics = metrics
+        self._lags: dict[str, ConsumerLag] = {}  # by query id
 
     def onQueryStarted(self, event: Any) -> None:
         return None
 
     def onQueryIdle(self, event: Any) -> None:
-        return None
+        # Idle: the source has nothing past what the query has read.
+        lag = self._lags.get(str(event.id))
+        if lag is not None:
+            for topic, partition in lag.held:
+                lag.set(topic, partition, 0)
 
     def onQueryTerminated(self, event: Any) -> None:
+        lag = self._lags.pop(str(event.id), None)
+        if lag is not None:
+            lag.close()
         if event.exception:
             log.error("query.failed", query_id=str(event.id), error=event.exception)
 
@@ -262,6 +276,7 @@ class ProgressListener(StreamingQueryListener):
             rows=progress.numInputRows,
             durations_ms=progress.durationMs,
         )
+        self._export_lag(progress, name)
         dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
         if dropped:
             metrics.late_rows_dropped.labels(name).inc(dropped)
@@ -273,3 +288,56 @@ class ProgressListener(StreamingQueryListener):
                 watermark=progress.eventTime.get("watermark"),
                 offsets=[source.startOffset for source in progress.sources],
             )
+
+    def _export_lag(self, progress: Any, name: str) -> None:
+        query_id = str(progress.id)
+        lag = self._lags.get(query_id)
+        if lag is None:
+            lag = self._lags[query_id] = ConsumerLag(f"{SERVICE}.{name}")
+        lags: dict[tuple[str, int], int] = {}
+        for source in progress.sources:
+            lags.update(offsets_behind(source.endOffset, source.latestOffset))
+        for (topic, partition), behind_by in lags.items():
+            lag.set(topic, partition, behind_by)
+        lag.keep(lags.keys())
+
+
+def offsets_behind(end_offset: str | None, latest_offset: str | None) -> dict[tuple[str, int], int]:
+    """A Kafka source's lag per (topic, partition) after a micro-batch: the
+    records between where the batch ended (``endOffset``) and the latest the
+    source saw (``latestOffset``). Spark's own ``min/avg/maxOffsetsBehindLatest``
+    source metrics are these same numbers, aggregated; per partition they
+    match what every other reader exports. Empty for a source that is not
+    Kafka's or reports no latest offsets."""
+    end, latest = _kafka_offsets(end_offset), _kafka_offsets(latest_offset)
+    lags: dict[tuple[str, int], int] = {}
+    for key, position in end.items():
+        lag = behind(latest.get(key, -1), position)
+        if lag is not None:
+            lags[key] = lag
+    return lags
+
+
+def _kafka_offsets(text: str | None) -> dict[tuple[str, int], int]:
+    """The Kafka source's offsets, ``{"topic": {"0": 12}}``, by (topic, partition)."""
+    if not text:
+        return {}
+    try:
+        parsed: Any = json.loads(text)
+    except ValueError:
+        # Progress rebuilt from JSON (Spark Connect's listener) carries the
+        # offsets as a Python dict's str(), not as JSON.
+        try:
+            parsed = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return {}
+    offsets: dict[tuple[str, int], int] = {}
+    if not isinstance(parsed, Mapping):
+        return offsets
+    for topic, partitions in parsed.items():
+        if not isinstance(partitions, Mapping):
+            continue
+        for partition, offset in partitions.items():
+            if isinstance(offset, int) and str(partition).lstrip("-").isdigit():
+                offsets[(str(topic), int(partition))] = offset
+    return offsets

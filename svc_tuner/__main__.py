@@ -36,7 +36,7 @@ def main() -> int:
 async def serve(settings: TunerSettings) -> int:
     from svc_tuner.app import TunerApp
 
-    serve_metrics(settings.metrics_port)
+    serve_metrics(settings.metrics_port, settings.common.metrics_host)
     app = await TunerApp.start(settings)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

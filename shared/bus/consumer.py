@@ -2,6 +2,9 @@
 
 At-least-once: offsets are committed only when the caller says the records
 are done (``commit``), never automatically.
+
+Every reader here exports its lag (``shared.bus.lag``): a group member under
+its group id, a ``BusTail`` under the ``reader`` name it is given.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from confluent_kafka import Message as KafkaMessage
 
 from shared.bus import envelope
 from shared.bus.codec import MessageT, Rejected, decode, parse
+from shared.bus.lag import ConsumerLag
 from shared.errors import Unavailable
 from shared.settings import KafkaSettings
 
@@ -113,9 +117,17 @@ class BusConsumer(Generic[MessageT]):
         on_revoke: Callable[[list[tuple[str, int]]], None] | None = None,
     ) -> None:
         """``on_revoke`` is told which (topic, partition)s this member lost in
-        a rebalance, before they move to another member."""
+        a rebalance, before they move to another member. Its lag is exported
+        under ``group_id``."""
+        self._lag = ConsumerLag(group_id)
         self._consumer = Consumer(
-            {**kafka.client_config(), **CONSUMER_DEFAULTS, "group.id": group_id, **(config or {})}
+            {
+                **kafka.client_config(),
+                **CONSUMER_DEFAULTS,
+                "group.id": group_id,
+                **self._lag.client_config(),
+                **(config or {}),
+            }
         )
         self._cls = message_cls
         if on_revoke is None:
@@ -188,7 +200,10 @@ class BusConsumer(Generic[MessageT]):
 
     def close(self) -> None:
         """Leave the group cleanly (partitions are reassigned at once)."""
-        self._consumer.close()
+        try:
+            self._consumer.close()
+        finally:
+            self._lag.close()
 
     def __enter__(self) -> BusConsumer[MessageT]:
         return self
@@ -221,7 +236,10 @@ class BusTail(Generic[MessageT]):
         timeout: float = 30.0,
         from_beginning: bool = False,
         last: int = 0,
+        reader: str = "tail",
+        config: Mapping[str, Any] | None = None,
     ) -> None:
+        self._lag = ConsumerLag(reader)
         self._consumer = Consumer(
             {
                 **kafka.client_config(),
@@ -229,6 +247,8 @@ class BusTail(Generic[MessageT]):
                 # librdkafka wants a group id even for assigned partitions; it
                 # is never joined nor committed to.
                 "group.id": f"aistack-tail-{uuid.uuid4().hex}",
+                **self._lag.client_config(),
+                **(config or {}),
             }
         )
         self._cls = message_cls
@@ -277,7 +297,10 @@ class BusTail(Generic[MessageT]):
         return [Record(msg, self._cls) for msg in raw if msg.error() is None]
 
     def close(self) -> None:
-        self._consumer.close()
+        try:
+            self._consumer.close()
+        finally:
+            self._lag.close()
 
 
 def _take(consumer: Consumer, max_records: int, timeout: float) -> list[KafkaMessage]:
@@ -295,13 +318,19 @@ def _take(consumer: Consumer, max_records: int, timeout: float) -> list[KafkaMes
 
 
 def read_to_end(
-    kafka: KafkaSettings, topic: str, message_cls: type[MessageT], timeout: float
+    kafka: KafkaSettings,
+    topic: str,
+    message_cls: type[MessageT],
+    timeout: float,
+    *,
+    reader: str = "replay",
 ) -> list[Record[MessageT]]:
     """Every record ``topic`` holds now, from its first, in each partition's
     order (a compacted registry, a log to search). Raises Unavailable when
-    they are not all read within ``timeout`` seconds."""
+    they are not all read within ``timeout`` seconds. The lag is exported
+    under ``reader`` while it reads."""
     tail: BusTail[MessageT] = BusTail(
-        kafka, topics=[topic], message_cls=message_cls, from_beginning=True
+        kafka, topics=[topic], message_cls=message_cls, from_beginning=True, reader=reader
     )
     records: list[Record[MessageT]] = []
     deadline = time.monotonic() + timeout

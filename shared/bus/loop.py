@@ -15,6 +15,10 @@ everywhere:
    delivered, or ``Unavailable`` propagates and nothing is committed;
 5. commit the batch's offsets (group consumers only).
 
+The lag comes with the source: a ``BusConsumer`` or ``BusTail`` exports its
+own (``shared.bus.lag``) as it is polled, so a loop, or a reader polling
+without one (svc_trainer's worker), needs nothing more.
+
 So delivery is at least once: a process killed anywhere reads the batch
 again, and handlers are idempotent. Any other error from the handler
 (``Unavailable`` included: a dependency that is down is retried by a

@@ -124,7 +124,7 @@ def ensure_topics(
             spec.name,
             num_partitions=partitions,
             replication_factor=replication_factor,
-            config=spec.topic_config(),
+            config={**spec.topic_config(), **_insync(kafka, replication_factor)},
         )
         for spec in specs
         if spec.name not in existing
@@ -146,7 +146,11 @@ def ensure_topics(
     for spec in specs:
         if spec.name in outcome:
             continue
-        outcome[spec.name] = _reconcile(admin, spec, existing[spec.name], partitions, timeout)
+        replicas = _replicas(existing[spec.name]) or replication_factor
+        wanted = {**spec.topic_config(), **_insync(kafka, replicas)}
+        outcome[spec.name] = _reconcile(
+            admin, spec.name, wanted, existing[spec.name], partitions, timeout
+        )
     _await_listed(admin, [spec.name for spec in specs], timeout)
     return outcome
 
@@ -185,25 +189,40 @@ def partition_count(kafka: KafkaSettings, topic: str, *, timeout: float = 30.0) 
     return len(found.partitions)
 
 
+def _insync(kafka: KafkaSettings, replicas: int) -> dict[str, str]:
+    # Never more than the topic's replicas (a test's topic of one, a topic made
+    # before the setting grew): such a topic would refuse every acks=all write.
+    return {"min.insync.replicas": str(min(kafka.topic_min_insync_replicas, replicas))}
+
+
+def _replicas(metadata: object) -> int:
+    partitions = getattr(metadata, "partitions", {})
+    return min((len(p.replicas) for p in partitions.values()), default=0)
+
+
 def _reconcile(
-    admin: AdminClient, spec: TopicSpec, metadata: object, partitions: int, timeout: float
+    admin: AdminClient,
+    name: str,
+    wanted: Mapping[str, str],
+    metadata: object,
+    partitions: int,
+    timeout: float,
 ) -> Outcome:
     changed = False
     current_partitions = len(getattr(metadata, "partitions", {}))
     if current_partitions < partitions:
-        admin.create_partitions([NewPartitions(spec.name, partitions)], request_timeout=timeout)[
-            spec.name
+        admin.create_partitions([NewPartitions(name, partitions)], request_timeout=timeout)[
+            name
         ].result()
         changed = True
 
-    resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
     current = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
-    wanted = spec.topic_config()
     different = {k: v for k, v in wanted.items() if k not in current or current[k].value != v}
     if different:
         resource = ConfigResource(
             ConfigResource.Type.TOPIC,
-            spec.name,
+            name,
             incremental_configs=[
                 ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
                 for k, v in different.items()

@@ -8,6 +8,8 @@ from typing import Any
 
 import grpc
 
+from shared.errors import ConfigError
+
 
 class _BearerToken(
     grpc.aio.UnaryUnaryClientInterceptor,
@@ -53,10 +55,14 @@ def open_channel(
     *,
     tls_ca_file: Path | None = None,
     tls_server_name: str | None = None,
+    tls_cert_file: Path | None = None,
+    tls_key_file: Path | None = None,
     token: str | None = None,
     max_message_bytes: int = 64 * 1024 * 1024,
 ) -> grpc.aio.Channel:
-    """An aio channel to ``target``; TLS when a CA file is given."""
+    """An aio channel to ``target``; TLS when a CA file is given, presenting
+    ``tls_cert_file`` and its key to a server that asks for a client
+    certificate (mutual TLS)."""
     options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
@@ -66,7 +72,7 @@ def open_channel(
     interceptors = [_BearerToken(token)] if token else None
     if tls_ca_file is None:
         return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
-    credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca_file.read_bytes())
+    credentials = _credentials(tls_ca_file, tls_cert_file, tls_key_file)
     return grpc.aio.secure_channel(target, credentials, options=options, interceptors=interceptors)
 
 
@@ -113,10 +119,24 @@ class _CallDetails(grpc.ClientCallDetails):
         self.compression = compression
 
 
+def _credentials(
+    ca_file: Path, cert_file: Path | None, key_file: Path | None
+) -> grpc.ChannelCredentials:
+    if (cert_file is None) != (key_file is None):
+        raise ConfigError("a client certificate needs both its certificate and its key file")
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca_file.read_bytes(),
+        private_key=key_file.read_bytes() if key_file else None,
+        certificate_chain=cert_file.read_bytes() if cert_file else None,
+    )
+
+
 def open_sync_channel(
     target: str,
     *,
     tls_ca_file: Path | None = None,
+    tls_cert_file: Path | None = None,
+    tls_key_file: Path | None = None,
     token: str | None = None,
     max_message_bytes: int = 64 * 1024 * 1024,
 ) -> grpc.Channel:
@@ -129,7 +149,7 @@ def open_sync_channel(
     if tls_ca_file is None:
         channel = grpc.insecure_channel(target, options=options)
     else:
-        credentials = grpc.ssl_channel_credentials(root_certificates=tls_ca_file.read_bytes())
+        credentials = _credentials(tls_ca_file, tls_cert_file, tls_key_file)
         channel = grpc.secure_channel(target, credentials, options=options)
     if token:
         return grpc.intercept_channel(channel, _SyncBearerToken(token))

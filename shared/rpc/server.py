@@ -221,5 +221,19 @@ async def start_server(
     await server.start()
     for name in (*service_names, ""):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
-    log.info("grpc.listening", address=options.address, port=port, tls=credentials is not None)
+    if options.auth_token and credentials is None:
+        # Anyone on the path reads a bearer token sent in the clear, then replays it.
+        log.warning(
+            "grpc.token_in_clear",
+            address=options.address,
+            why="a bearer token is checked but the server has no TLS: set the TLS_CERT_FILE "
+            "and TLS_KEY_FILE settings",
+        )
+    log.info(
+        "grpc.listening",
+        address=options.address,
+        port=port,
+        tls=credentials is not None,
+        mutual_tls=options.tls_client_ca_file is not None,
+    )
     return RunningServer(server=server, health=health_servicer, port=port)

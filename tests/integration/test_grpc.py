@@ -16,9 +16,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from structlog.testing import capture_logs
 
 from shared.errors import InvalidArgument
-from shared.rpc.client import open_channel
+from shared.rpc.client import open_channel, open_sync_channel
 from shared.rpc.errors import REASON_METADATA_KEY
 from shared.rpc.server import ServerOptions, start_server
 
@@ -114,11 +115,11 @@ def test_domain_errors_map_to_status_codes_with_a_reason() -> None:
     assert bug == (grpc.StatusCode.INTERNAL, "internal error", "internal")
 
 
-def _make_certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """A CA and a server certificate for localhost, signed by it."""
+def _make_certificates(directory: Path, ca: str = "aistack test CA") -> tuple[Path, Path, Path]:
+    """A CA and a certificate for localhost signed by it (a server's or a client's)."""
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "aistack test CA")])
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ca)])
     ca_cert = (
         x509.CertificateBuilder()
         .subject_name(ca_name)
@@ -147,10 +148,11 @@ def _make_certificates(directory: Path) -> tuple[Path, Path, Path]:
         )
         .sign(ca_key, hashes.SHA256())
     )
+    directory.mkdir(parents=True, exist_ok=True)
     ca_file, cert_file, key_file = (
         directory / "ca.pem",
-        directory / "server.pem",
-        directory / "server.key",
+        directory / "cert.pem",
+        directory / "cert.key",
     )
     ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -182,6 +184,61 @@ def test_tls_with_a_generated_certificate(tmp_path: Path) -> None:
     answer, plaintext_code = run(options, client)
     assert answer == b"echo:over tls"
     assert plaintext_code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_mutual_tls_serves_a_client_with_a_certificate_of_its_ca_and_refuses_others(
+    tmp_path: Path,
+) -> None:
+    ca_file, cert_file, key_file = _make_certificates(tmp_path / "server")
+    client_ca, client_cert, client_key = _make_certificates(tmp_path / "clients", "clients CA")
+    _, stranger_cert, stranger_key = _make_certificates(tmp_path / "stranger", "another CA")
+
+    def blocking_call(target: str) -> bytes:  # aistack.Client's channel
+        with open_sync_channel(
+            target, tls_ca_file=ca_file, tls_cert_file=client_cert, tls_key_file=client_key
+        ) as channel:
+            return bytes(channel.unary_unary(ECHO)(b"sync", timeout=10))
+
+    async def client(target: str) -> tuple[bytes, grpc.StatusCode, grpc.StatusCode]:
+        async with open_channel(
+            target, tls_ca_file=ca_file, tls_cert_file=client_cert, tls_key_file=client_key
+        ) as trusted:
+            answer = await _call(trusted, b"mutual")
+        assert await asyncio.to_thread(blocking_call, target) == b"echo:sync"
+        async with open_channel(target, tls_ca_file=ca_file) as anonymous:
+            with pytest.raises(grpc.aio.AioRpcError) as no_certificate:
+                await _call(anonymous, b"hi")
+        async with open_channel(
+            target, tls_ca_file=ca_file, tls_cert_file=stranger_cert, tls_key_file=stranger_key
+        ) as stranger:
+            with pytest.raises(grpc.aio.AioRpcError) as foreign:
+                await _call(stranger, b"hi")
+        return answer, no_certificate.value.code(), foreign.value.code()
+
+    options = ServerOptions(
+        address="127.0.0.1:0",
+        tls_cert_file=cert_file,
+        tls_key_file=key_file,
+        tls_client_ca_file=client_ca,
+    )
+    answer, without, foreign = run(options, client)
+    assert answer == b"echo:mutual"
+    # The handshake fails: the client sees the server as unreachable, never a response.
+    assert without == foreign == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_token_checked_over_plaintext_is_warned_about() -> None:
+    async def client(target: str) -> bytes:
+        async with open_channel(target, token="s3cret") as channel:
+            return await _call(channel, b"hi")
+
+    with capture_logs() as logged:
+        assert run(ServerOptions(address="127.0.0.1:0", auth_token="s3cret"), client) == b"echo:hi"
+    (warning,) = [e for e in logged if e["event"] == "grpc.token_in_clear"]
+    assert warning["log_level"] == "warning" and "TLS_CERT_FILE" in warning["why"]
+    with capture_logs() as quiet:
+        run(ServerOptions(address="127.0.0.1:0"), client)
+    assert not [e for e in quiet if e["event"] == "grpc.token_in_clear"]
 
 
 def test_reflection_lists_the_services() -> None:

@@ -161,8 +161,12 @@ def test_kill_9_mid_stream_and_restart_keeps_counts_exact(
 def test_two_workers_share_the_partitions(
     infra: Infra, topics: Topics, workers: list[Worker], tmp_path: Path
 ) -> None:
-    first = Worker(infra, topics, tmp_path / "a")
-    second = Worker(infra, topics, tmp_path / "b")
+    first, second = (
+        Worker(
+            infra, topics, tmp_path / name, extra_env={"AISTACK_KAFKA_CLIENT_ID": f"ingest-{name}"}
+        )
+        for name in ("a", "b")
+    )
     workers += [first, second]
     first.wait_ready()
     second.wait_ready()
@@ -174,6 +178,19 @@ def test_two_workers_share_the_partitions(
     assert_exact(records, written)
     assert first.counter("ingest_records_in_total") > 0
     assert second.counter("ingest_records_in_total") > 0
+    # AISTACK_KAFKA_CLIENT_ID reaches the broker: it names each worker's consumer there.
+    assert group_client_ids(infra, topics.app_id) == {"ingest-a", "ingest-b"}
+
+
+def group_client_ids(infra: Infra, group: str) -> set[str]:
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(infra.kafka.client_config())
+    (described,) = admin.describe_consumer_groups([group]).values()
+    found = described.result(timeout=30)
+    assert found.state == ConsumerGroupState.STABLE
+    return {member.client_id for member in found.members}
 
 
 def test_raw_json_from_a_non_python_producer_is_cleaned(

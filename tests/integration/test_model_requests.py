@@ -4,6 +4,9 @@ bearer token guard it when configured."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +28,7 @@ from tests.integration.test_grpc import _make_certificates
 pytestmark = pytest.mark.integration
 
 MODEL = "digits"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -271,5 +275,60 @@ def test_tls_and_the_bearer_token_guard_the_server(
                 good(), timeout=30, metadata=(("authorization", "Bearer s3cret"),)
             )
             assert response.model_version == "1"
+    finally:
+        guarded.stop()
+
+
+def predict_command(target: str, *tls: str) -> subprocess.CompletedProcess[str]:
+    """``aistack predict`` (tritonclient: a process of its own, which owns ``inference``)."""
+    example = json.dumps(ms.digits(1).tolist())
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "compose.cli",
+            "predict",
+            MODEL,
+            "--input",
+            example,
+            "--url",
+            target,
+            "--token",
+            "s3cret",
+            *tls,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_mutual_tls_serves_the_client_with_a_certificate_and_refuses_one_without(
+    infra: Infra, tmp_path: Path, server: ms.ServerThread
+) -> None:
+    ca_file, cert_file, key_file = _make_certificates(tmp_path / "server")
+    clients_ca, client_cert, client_key = _make_certificates(tmp_path / "client", "clients CA")
+    guarded = ms.ServerThread(
+        server.settings.model_copy(
+            update={
+                "tls_cert_file": cert_file,
+                "tls_key_file": key_file,
+                "tls_client_ca_file": clients_ca,
+                "auth_token": SecretStr("s3cret"),
+                "artifact_cache_dir": tmp_path / "cache",
+            }
+        )
+    )
+    try:
+        target = guarded.address.replace("127.0.0.1", "localhost")
+        served = predict_command(
+            target, "--tls-ca", str(ca_file), "--tls-cert", str(client_cert), "--tls-key",
+            str(client_key),
+        )  # fmt: skip
+        assert served.returncode == 0, served.stderr
+        assert f"model {MODEL} version 1" in served.stdout
+        refused = predict_command(target, "--tls-ca", str(ca_file))
+        assert refused.returncode != 0 and "UNAVAILABLE" in refused.stderr, refused.stderr
     finally:
         guarded.stop()

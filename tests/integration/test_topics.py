@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from shared.bus.topics import TOPICS, TopicSpec, ensure_topics
@@ -38,3 +39,28 @@ def test_ensure_topics_brings_an_existing_topic_to_the_spec(infra: Infra, unique
     outcome = ensure_topics(infra.kafka, [TopicSpec(name, None, compacted=True)], partitions=4)
     assert outcome == {name: "updated"}
     assert describe(infra, name) == (4, "compact")
+
+
+def min_insync(infra: Infra, name: str) -> str:
+    admin = AdminClient(infra.kafka.client_config())
+    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+    value: str = admin.describe_configs([resource])[resource].result()["min.insync.replicas"].value
+    return value
+
+
+def test_min_insync_replicas_is_set_and_never_above_a_topics_replicas(
+    infra: Infra, unique: str
+) -> None:
+    name = f"test.insync.{unique}"
+    assert ensure_topics(infra.kafka, [TopicSpec(name, None)], partitions=1) == {name: "created"}
+    assert min_insync(infra, name) == "1"
+    # Settings for a three-broker cluster meet a topic of one replica (made before they
+    # grew): it keeps a minimum it can meet, so acks=all writes still succeed.
+    cluster = infra.kafka.model_copy(
+        update={"topic_replication_factor": 3, "topic_min_insync_replicas": 2}
+    )
+    assert ensure_topics(cluster, [TopicSpec(name, None)], partitions=1) == {name: "exists"}
+    assert min_insync(infra, name) == "1"
+    producer = Producer({**infra.kafka.client_config(), "acks": "all"})
+    producer.produce(name, b"written")
+    assert producer.flush(10) == 0

@@ -92,11 +92,11 @@ def test_compose_file_parses_and_names_kafka_and_redis() -> None:
     assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 1
     assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == 1
     assert env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == 1
-    assert "9092:9092" in kafka["ports"]
+    assert "127.0.0.1:9092:9092" in kafka["ports"]
 
     redis = services["redis"]
     assert redis["image"].startswith("redis:")
-    assert "6379:6379" in redis["ports"]
+    assert "127.0.0.1:6379:6379" in redis["ports"]
     for name in ("kafka", "redis"):
         assert services[name]["healthcheck"]["test"]
     volumes = set(spec["volumes"])
@@ -208,8 +208,24 @@ def test_every_service_waits_for_healthy_kafka_and_redis() -> None:
 
 def test_grpc_ports_are_published() -> None:
     services = aistack_services()
-    assert "50051:50051" in services["svc_tuner"]["ports"]
-    assert "8001:8001" in services["svc_model"]["ports"]
+    assert "127.0.0.1:50051:50051" in services["svc_tuner"]["ports"]
+    assert "127.0.0.1:8001:8001" in services["svc_model"]["ports"]
+
+
+def test_every_published_port_listens_on_this_host_only() -> None:
+    for name, service in load(COMPOSE)["services"].items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} to the network"
+
+
+def test_redis_asks_for_a_password_every_service_has() -> None:
+    services = load(COMPOSE)["services"]
+    command = services["redis"]["command"]
+    required = command[command.index("--requirepass") + 1]
+    assert required.startswith("${AISTACK_REDIS_PASSWORD:?")  # compose refuses to start without
+    assert services["redis"]["environment"]["REDISCLI_AUTH"] == required  # its health check
+    for name, service in aistack_services().items():
+        assert service["environment"]["AISTACK_REDIS_PASSWORD"] == required, name
 
 
 def test_trainers_scale() -> None:

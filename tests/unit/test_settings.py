@@ -63,3 +63,26 @@ def test_settings_are_frozen() -> None:
         settings.kafka.bootstrap = "elsewhere:9092"  # type: ignore[misc]
     assert RedisSettings().url == "redis://localhost:6379/0"
     assert KafkaSettings().bootstrap == "localhost:9092"
+
+
+@pytest.mark.parametrize("mechanism", ["OAUTHBEARER", "GSSAPI", "gssapi"])
+def test_a_sasl_mechanism_no_client_is_wired_for_stops_start_up(
+    monkeypatch: pytest.MonkeyPatch, mechanism: str
+) -> None:
+    monkeypatch.setenv("AISTACK_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
+    monkeypatch.setenv("AISTACK_KAFKA_SASL_MECHANISM", mechanism)
+    with pytest.raises(ConfigError) as caught:
+        load_settings(KafkaSettings)
+    message = str(caught.value)
+    assert message.startswith("bad setting AISTACK_KAFKA_SASL_MECHANISM: ")
+    assert "not wired" in message and "SCRAM-SHA-512" in message and "\n" not in message
+
+
+def test_min_insync_replicas_above_the_replication_factor_stops_start_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AISTACK_KAFKA_TOPIC_MIN_INSYNC_REPLICAS", "2")
+    with pytest.raises(ConfigError, match="AISTACK_KAFKA_TOPIC_MIN_INSYNC_REPLICAS"):
+        load_settings(KafkaSettings)
+    monkeypatch.setenv("AISTACK_KAFKA_TOPIC_REPLICATION_FACTOR", "3")
+    assert load_settings(KafkaSettings).topic_min_insync_replicas == 2

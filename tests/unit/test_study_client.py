@@ -18,7 +18,13 @@ def flags(tuner: str | None = None, ca: str | None = None) -> argparse.Namespace
 
 @pytest.fixture(autouse=True)
 def no_tuner_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("AISTACK_TUNER_TARGET", "AISTACK_TUNER_TLS_CA_FILE", "AISTACK_TUNER_AUTH_TOKEN"):
+    for name in (
+        "AISTACK_TUNER_TARGET",
+        "AISTACK_TUNER_TLS_CA_FILE",
+        "AISTACK_TUNER_TLS_CLIENT_CERT_FILE",
+        "AISTACK_TUNER_TLS_CLIENT_KEY_FILE",
+        "AISTACK_TUNER_AUTH_TOKEN",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -36,6 +42,15 @@ def test_the_environment_configures_the_client(monkeypatch: pytest.MonkeyPatch) 
     assert tuner_connection(flags(), settings) == TunerConnection(
         "tuner.internal:443", Path("/etc/aistack/ca.pem"), "s3cret"
     )
+
+
+def test_a_client_certificate_is_presented_for_mutual_tls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AISTACK_TUNER_TLS_CA_FILE", "/etc/aistack/ca.pem")
+    monkeypatch.setenv("AISTACK_TUNER_TLS_CLIENT_CERT_FILE", "/etc/aistack/me.pem")
+    monkeypatch.setenv("AISTACK_TUNER_TLS_CLIENT_KEY_FILE", "/etc/aistack/me.key")
+    connection = tuner_connection(flags(), load_settings(TunerClientSettings))
+    assert connection.tls_cert_file == Path("/etc/aistack/me.pem")
+    assert connection.tls_key_file == Path("/etc/aistack/me.key")
 
 
 def test_flags_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
