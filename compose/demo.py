@@ -22,28 +22,23 @@ import argparse
 import asyncio
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TextIO, TypeVar, cast
 
 from compose.demo_console import Console, ProgressOut, ServiceDied, Summary
-from compose.demo_loop import FIRST_SPAN_SECONDS, SHIFT_SPAN_SECONDS, LoopStep
+from compose.demo_events import EventsStep
+from compose.demo_loop import LoopStep
 from compose.demo_serving import ServingStep
 from compose.settings import StackSettings
 from compose.stack import ServiceStack, ServiceStatus
-from compose.topic_counts import NewRecords
 from shared.settings import KafkaSettings, load_settings
 
 T = TypeVar("T")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 STUDIES = PROJECT_ROOT / "examples" / "studies"
-#: How the demo's raw events look: share of malformed and of repeated records.
-BAD_FRACTION = 0.04
-DUPLICATE_FRACTION = 0.04
 
 
 def add_parser(commands: Any) -> None:
@@ -99,7 +94,7 @@ class Demo:
 
     def run(self) -> Summary:
         self._stack_up()
-        self._events()
+        self.events()
         digits = self._digits_study()
         forecast, cross_validations = self._forecast_study(digits)
         self._comparison(*cross_validations)
@@ -130,6 +125,11 @@ class Demo:
             pid = status.pid if status.pid is not None else "-"
             self.console.line(f"  {status.name:<14} {status.state:<8} pid {pid}")
 
+    def events(self) -> None:
+        """Step 2: raw events in, cleaned and windowed (on whatever state an
+        earlier run left)."""
+        EventsStep(self.stack, self.console, self.summary, self._kafka(), self._wait).run(self.args)
+
     def check_services(self) -> None:
         """Raise ServiceDied with its last log lines if a service is not running."""
         for status in self.stack.status():
@@ -140,8 +140,15 @@ class Demo:
                 )
 
     def _wait(
-        self, what: str, probe: Callable[[], T | None], timeout: float, show: Callable[[], str]
+        self,
+        what: str,
+        probe: Callable[[], T | None],
+        timeout: float,
+        show: Callable[[], str],
+        diagnose: Callable[[], str] | None = None,
     ) -> T:
+        """Poll ``probe`` until it answers; on a timeout, ``diagnose`` says why
+        nothing came."""
         deadline = time.monotonic() + timeout
         while True:
             self.check_services()
@@ -151,92 +158,9 @@ class Demo:
                 self.console.line("")
                 return result
             if time.monotonic() > deadline:
-                raise ServiceDied(f"timed out after {timeout:.0f} s waiting for {what}")
+                why = f": {diagnose()}" if diagnose is not None else ""
+                raise ServiceDied(f"timed out after {timeout:.0f} s waiting for {what}{why}")
             time.sleep(1.0)
-
-    # ---- 2: events ----
-
-    def _events(self) -> None:
-        from loadgen.plan import generate
-        from loadgen.publish import send
-        from shared.bus.producer import BusProducer
-        from shared.bus.topics import EVENTS_CLEAN, EVENTS_DLQ, EVENTS_RAW, FEATURES_WINDOWS
-
-        args = self.args
-        self.console.step(
-            2,
-            f"publishing {args.sensor_events} sensor readings and {args.weblog_events} web log "
-            f"lines ({BAD_FRACTION:.0%} malformed, {DUPLICATE_FRACTION:.0%} repeated)",
-        )
-        kafka = self._kafka()
-        topics = (EVENTS_RAW, EVENTS_CLEAN, EVENTS_DLQ, FEATURES_WINDOWS)
-        # From the end as of now: a stack that ran before keeps its topics.
-        counter = NewRecords(kafka, topics, reasons_of=EVENTS_DLQ)
-        producer = BusProducer(
-            kafka, source="aistack-demo", config={"message.max.bytes": 8 * 1024 * 1024}
-        )
-        sent = Counter[str]()
-        # Fresh events each run: svc_ingest's dedup table remembers earlier
-        # runs' event ids (and drops them, as it should).
-        run_seed = int(time.time())
-        # Ending SHIFT_SPAN_SECONDS ago: step 7's shifted readings come after.
-        first_end = datetime.now(UTC) - timedelta(seconds=SHIFT_SPAN_SECONDS)
-        for kind, count, seed in (
-            ("sensors", args.sensor_events, run_seed),
-            ("weblogs", args.weblog_events, run_seed + 1),
-        ):
-            records = generate(
-                kind,  # type: ignore[arg-type]
-                count,
-                bad_fraction=BAD_FRACTION,
-                duplicate_fraction=DUPLICATE_FRACTION,
-                seed=seed,
-                now=first_end,
-                span_seconds=FIRST_SPAN_SECONDS,
-            )
-            outcome = send(records, producer, EVENTS_RAW, rate=0)
-            sent.update(good=outcome.good, bad=outcome.bad, duplicate=outcome.duplicate)
-        producer.close()
-        self.console.line(
-            f"  sent {sum(sent.values())} records: {sent['good']} good, {sent['bad']} "
-            f"malformed, {sent['duplicate']} repeated"
-        )
-        last: list[tuple[int, ...]] = []
-
-        def flowing() -> bool | None:
-            counts = counter.update()
-            last.append(tuple(counts[t] for t in topics))
-            settled = len(last) >= 6 and len(set(last[-6:])) == 1
-            expected_clean = sent["good"] * 0.95
-            return (
-                True
-                if settled and counts[FEATURES_WINDOWS] and (counts[EVENTS_CLEAN] >= expected_clean)
-                else None
-            )
-
-        def show() -> str:
-            counts = counter.counts
-            return (
-                f"raw {counts[EVENTS_RAW]:>6}   clean {counts[EVENTS_CLEAN]:>6}   "
-                f"dead letters {counts[EVENTS_DLQ]:>5}   "
-                f"feature windows {counts[FEATURES_WINDOWS]:>5}"
-            )
-
-        try:
-            self._wait("events to be cleaned and aggregated", flowing, 240, show)
-        finally:
-            counter.close()
-        counts, reasons = counter.counts, counter.reasons
-        self.summary.add("events published", f"{sum(sent.values())} ({sent['good']} good)")
-        self.summary.add("clean events", counts[EVENTS_CLEAN])
-        top = ", ".join(f"{r} {n}" for r, n in reasons.most_common(6))
-        self.summary.add("dead letters", f"{sum(reasons.values())}: {top}")
-        # Repeated records are dropped by svc_ingest's dedup table, not
-        # dead-lettered. Committed records only: the clean topic is written in
-        # transactions, whose markers take offsets too.
-        dropped = sent["good"] + sent["duplicate"] - counts[EVENTS_CLEAN]
-        self.summary.add("repeated records not passed on", f"{dropped} of {sent['duplicate']} sent")
-        self.summary.add("feature windows", counts[FEATURES_WINDOWS])
 
     # ---- 3: studies ----
 

@@ -15,7 +15,7 @@ only chooses its environment.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -105,7 +105,7 @@ class ServiceStack:
                 tuple(env.items()),
             )
 
-        # Prometheus' exporter listens on every interface: probe it on loopback.
+        # Metrics listen on AISTACK_METRICS_HOST: loopback, or 0.0.0.0, which holds it too.
         local = "127.0.0.1"
         services = [
             service(
@@ -250,6 +250,28 @@ class ServiceStack:
         self.infra.down(timeout)
         return self.status()
 
+    def stop_service(self, name: str, timeout: float = 60) -> ServiceStatus:
+        """Stop the one service ``name``: SIGTERM, then SIGKILL after
+        ``timeout`` s. Raises NotFound for a name that is not a service."""
+        svc = self._service(name)
+        self._supervisor.stop([svc], timeout)
+        return self._status(name)
+
+    def start_service(self, name: str, *, env: Mapping[str, str] | None = None) -> ServiceStatus:
+        """Start the service ``name`` (stopped: ``stop_service``) with ``env``
+        over its environment, and wait until it is ready. Raises NotFound for
+        a name that is not a service, Unavailable when it does not come up."""
+        svc = self._service(name)
+        self._supervisor.kill_leftovers(svc)
+        self._supervisor.spawn(
+            svc,
+            self._command(svc),
+            cwd=PROJECT_ROOT,
+            env={**self._common_env(), **dict(svc.env), **(env or {})},
+        )
+        self._wait_ready([svc], None)
+        return self._status(name)
+
     def status(self) -> list[ServiceStatus]:
         """One status per name in ``names``; reads pid files, changes nothing."""
         return [self._status(name) for name in self.names]
@@ -292,7 +314,8 @@ class ServiceStack:
         for use in self.settings.ports():
             if use.service in running:
                 continue
-            # Metrics servers bind every interface; the others the infra host.
+            # A metrics port held on any interface would clash (AISTACK_METRICS_HOST
+            # may widen ours to all of them); the others bind the infra host.
             host = "0.0.0.0" if use.role == "metrics" else self.settings.infra.host
             if port_taken(host, use.port):
                 raise PortTaken(port_taken_message(use))

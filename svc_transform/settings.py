@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.bus.topics import EVENTS_CLEAN, EVENTS_DLQ, FEATURES_WINDOWS
@@ -33,7 +34,10 @@ class TransformSettings(ServiceSettings):
     # Kafka sink's asynchronous progress tracking (Spark 3.4+): offsets are
     # committed in the background, which takes them off each batch's path.
     async_progress: bool = True
-    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    # Where a query without a checkpoint starts: "earliest", "latest", or
+    # Spark's per-partition JSON ({"aistack.events.clean": {"0": 42, ...}}),
+    # which a fresh event-time epoch uses to start where the last one ended.
+    starting_offsets: str = "earliest"
     # Most records a micro-batch reads (0: all there are); bounds a batch
     # after downtime, as Spark's maxOffsetsPerTrigger.
     max_offsets_per_trigger: int = Field(default=0, ge=0)
@@ -55,6 +59,26 @@ class TransformSettings(ServiceSettings):
     open_windows: Literal["tumbling", "all", "none"] = "tumbling"
     open_window_trigger_seconds: float = Field(default=0.0, ge=0)
     metrics_port: int = Field(default=9103, ge=0, le=65535)
+
+    @field_validator("starting_offsets")
+    @classmethod
+    def _check_starting_offsets(cls, value: str) -> str:
+        if value in ("earliest", "latest"):
+            return value
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        valid = isinstance(parsed, dict) and all(
+            isinstance(by_partition, dict)
+            and all(p.isdigit() and isinstance(o, int) for p, o in by_partition.items())
+            for by_partition in parsed.values()
+        )
+        if not valid:
+            raise ValueError(
+                'expected earliest, latest or {"topic": {"partition": offset, ...}} as JSON'
+            )
+        return value
 
     @model_validator(mode="after")
     def _check_windows(self) -> TransformSettings:

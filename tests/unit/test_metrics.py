@@ -4,9 +4,9 @@ import socket
 import urllib.request
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from shared.metrics import NAMESPACE, serve_metrics
+from shared.metrics import NAMESPACE, scraped_sum, serve_metrics
 from shared.ports import free_port
 from shared.settings import CommonSettings
 
@@ -51,3 +51,15 @@ def test_metrics_listen_on_loopback_unless_widened(monkeypatch: pytest.MonkeyPat
     serve_metrics(widened, CommonSettings().metrics_host, CollectorRegistry())
     with urllib.request.urlopen(f"http://{address}:{widened}/metrics", timeout=5) as response:
         assert response.status == 200
+
+
+def test_a_scrape_sums_a_metrics_series_and_reads_0_where_nothing_answers() -> None:
+    registry = CollectorRegistry()
+    lag = Gauge("lag", "lag", ["partition"], namespace=NAMESPACE, registry=registry)
+    lag.labels("0").set(3)
+    lag.labels("1").set(4)
+    port = free_port()
+    serve_metrics(port, "127.0.0.1", registry)
+    assert scraped_sum(port, "aistack_lag") == 7
+    assert scraped_sum(port, "aistack_la") == 0  # a prefix is another metric
+    assert scraped_sum(free_port(), "aistack_lag") == 0
