@@ -114,6 +114,9 @@ class ServiceStack:
                 (f"metrics :{s.ingest_metrics_port}",),
                 (local, s.ingest_metrics_port),
                 AISTACK_INGEST_METRICS_PORT=str(s.ingest_metrics_port),
+                # Static membership: restarted after a crash, it takes its
+                # partitions back at once instead of after the session timeout.
+                AISTACK_INGEST_INSTANCE_ID="svc_ingest-1",
             ),
             service(
                 "svc_transform",

@@ -114,6 +114,7 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
         broker_commit_interval=settings.commit_interval_seconds,
         broker_session_timeout=settings.session_timeout_seconds,
         broker_heartbeat_interval=settings.session_timeout_seconds / 10,
+        consumer_group_instance_id=settings.instance_id or None,
         consumer_auto_offset_reset="earliest",
         key_serializer="raw",
         value_serializer="raw",

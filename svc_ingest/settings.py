@@ -41,6 +41,11 @@ class IngestSettings(ServiceSettings):
     # A worker that stops heartbeating (kill -9, a hung host) loses its
     # partitions to the others after this long.
     session_timeout_seconds: float = Field(default=30.0, ge=6, le=300)
+    # Static group membership (Kafka's group.instance.id): a worker restarted
+    # under the same id within the session timeout takes its partitions back
+    # at once, with no rebalance wait. Unique per worker (a second worker with
+    # the same id is fenced); empty: dynamic membership.
+    instance_id: str = Field(default="", pattern=r"^[A-Za-z0-9._-]{0,200}$")
     # Prometheus /metrics port; 0 turns it off.
     metrics_port: int = Field(default=9102, ge=0, le=65535)
 

@@ -13,6 +13,8 @@ without notice:
   the stream hold after a rebalance, and highwaters that wait for a broker
   that has just come up (``recovery``).
 * ``recovery``: that wait, apart from Faust so it can be tested.
+* ``changelog_idle``: table recovery's wait at the end of a transactional
+  changelog, shortened (Faust's module-level ``asyncio``).
 * ``producer``: the transactional producer of a source partition, the
   default partitioner, topic metadata.
 * ``tables``: a table's local store as a mapping, and the changelog offsets

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -156,6 +157,47 @@ def test_kill_9_mid_stream_and_restart_keeps_counts_exact(
     assert_exact(records, written)
     # The rest of the stream was the restarted worker's to clean.
     assert restarted.counter("ingest_records_in_total") > 0
+
+
+def test_a_worker_restarted_under_its_instance_id_takes_its_partitions_back_at_once(
+    infra: Infra, topics: Topics, workers: list[Worker], tmp_path: Path
+) -> None:
+    """Static membership: the restarted worker rejoins the generation the killed
+    one left, with no rebalance; a dynamic member would first wait out the
+    minute-long session timeout for the dead one to be dropped."""
+    env = {
+        "AISTACK_INGEST_INSTANCE_ID": "ingest-static-1",
+        "AISTACK_INGEST_SESSION_TIMEOUT_SECONDS": "60",
+    }
+    records = mixed_records(6_000, seed=13)
+    worker = Worker(infra, topics, tmp_path / "w", extra_env=env)
+    workers.append(worker)
+    worker.wait_ready()
+    publish(infra, topics.raw, records)
+    wait_until(
+        lambda: worker.counter("ingest_records_in_total") >= 2_000,
+        60,
+        "the worker made no progress before the kill",
+    )
+    worker.kill()
+    restarted = Worker(infra, topics, tmp_path / "w", extra_env=env)
+    workers.append(restarted)
+    restarted.wait_ready(timeout=90)
+
+    written = read_outputs(infra.kafka, topics, expected_total=5_700, timeout=120)
+
+    assert_exact(records, written)
+    assert restarted.counter("ingest_records_in_total") > 0
+    (before,) = joined_generations(worker)
+    assert joined_generations(restarted) == [before], restarted.log_text()[-3000:]
+
+
+def joined_generations(worker: Worker) -> list[int]:
+    """The group generations a worker joined, from aiokafka's log lines."""
+    return [
+        int(found)
+        for found in re.findall(r"Joined group '[^']*' \(generation (\d+)\)", worker.log_text())
+    ]
 
 
 def test_two_workers_share_the_partitions(

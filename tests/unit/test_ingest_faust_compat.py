@@ -1,4 +1,5 @@
-"""svc_ingest.faust_compat: the version gate and the highwater wait of table recovery."""
+"""svc_ingest.faust_compat: the version gate, the highwater wait of table recovery and
+its wait at a changelog's end."""
 
 from __future__ import annotations
 
@@ -125,3 +126,25 @@ def test_a_missing_dependency_is_named() -> None:
 
     with pytest.raises(UnsupportedFaust, match=r"aiokafka .* found none"):
         check_versions(installed)
+
+
+def test_recovery_waits_on_a_quiet_changelog_no_longer_than_the_cap() -> None:
+    """Faust's recovery loop waits ``asyncio.wait_for(queue.get(), timeout=5.0)``;
+    once the transport is imported its module sees the capped waits."""
+    import faust.tables.recovery as faust_recovery
+
+    from svc_ingest.faust_compat import changelog_idle, transport  # noqa: F401
+
+    async def quiet_changelog() -> float:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(asyncio.TimeoutError):
+            await faust_recovery.asyncio.wait_for(asyncio.Event().wait(), timeout=5.0)
+        return loop.time() - started
+
+    waited = asyncio.run(quiet_changelog())
+
+    assert changelog_idle.IDLE_WAIT_SECONDS <= waited < 5.0
+    # Everything else of asyncio is asyncio's own.
+    assert faust_recovery.asyncio.sleep is asyncio.sleep
+    assert faust_recovery.asyncio.TimeoutError is asyncio.TimeoutError
