@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ def _infra(args: argparse.Namespace) -> int:
     from compose.settings import InfraSettings
     from svc_transform import jars as transform_jars
 
+    _apply_brokers(args)
     settings = load_settings(InfraSettings)
     if args.action == "fetch":
         cache = settings.common.cache_dir
@@ -39,10 +41,20 @@ def _infra(args: argparse.Namespace) -> int:
         statuses = stack.status()
     for s in statuses:
         state = f"running (pid {s.pid})" if s.running else "stopped"
-        print(f"{s.name:<6} {state:<22} {s.address:<28} log: {s.log_file}")
+        print(f"{s.name:<7} {state:<22} {s.address:<28} log: {s.log_file}")
+    if args.action == "up":
+        # What a service started by hand needs to use this Kafka as `aistack up` does.
+        exports = {"AISTACK_KAFKA_BOOTSTRAP": stack.kafka_bootstrap, **stack.topic_defaults()}
+        print("services: " + " ".join(f"{key}={value}" for key, value in exports.items()))
     if args.action == "status":
         return 0 if all(s.running for s in statuses) else 3
     return 0
+
+
+def _apply_brokers(args: argparse.Namespace) -> None:
+    """``--brokers N`` is ``AISTACK_INFRA_BROKERS=N``, for this command and what it starts."""
+    if getattr(args, "brokers", None) is not None:
+        os.environ["AISTACK_INFRA_BROKERS"] = str(args.brokers)
 
 
 def _stack_line(status: ServiceStatus) -> str:
@@ -65,9 +77,11 @@ def _stack(args: argparse.Namespace) -> int:
     from compose.settings import StackSettings
     from compose.stack import ServiceStack
 
+    _apply_brokers(args)
     stack = ServiceStack(load_settings(StackSettings))
     if args.command == "up":
-        print(f"starting Kafka, Redis and {len(stack.names) - 2} services …", flush=True)
+        services = len(stack.names) - len(stack.infra.names)
+        print(f"starting Kafka, Redis and {services} services …", flush=True)
         statuses = stack.up(progress=lambda s: print(f"ready: {s.name}", flush=True))
     elif args.command == "down":
         statuses = stack.down()
@@ -169,6 +183,12 @@ def _lineage(args: argparse.Namespace) -> int:
     return 0
 
 
+BROKERS_HELP = (
+    "Kafka brokers on this machine (AISTACK_INFRA_BROKERS; 3: replication factor 3, "
+    "two in sync); fixed when the state's cluster is first formatted"
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="aistack", description="aistack: the event-driven ML platform"
@@ -176,13 +196,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     infra = commands.add_parser("infra", help="the local Kafka (KRaft) and Redis servers")
     infra.add_argument("action", choices=["up", "down", "status", "fetch"])
+    infra.add_argument("--brokers", type=int, choices=range(1, 10), help=BROKERS_HELP)
     infra.set_defaults(run=_infra)
     for command, help_text in (
         ("up", "start Kafka, Redis and every service as local processes; wait until ready"),
         ("down", "stop every service (SIGTERM, then SIGKILL), then Kafka and Redis"),
         ("status", "one line per service; exit status 3 when any is not running"),
     ):
-        commands.add_parser(command, help=help_text).set_defaults(run=_stack)
+        stack_command = commands.add_parser(command, help=help_text)
+        stack_command.set_defaults(run=_stack)
+        if command == "up":
+            stack_command.add_argument(
+                "--brokers", type=int, choices=range(1, 10), help=BROKERS_HELP
+            )
     logs = commands.add_parser("logs", help="the last lines of a service's log, or of all")
     logs.add_argument("service", nargs="?", help="kafka, redis, svc_… (default: every one)")
     logs.add_argument(

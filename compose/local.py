@@ -2,6 +2,13 @@
 as local processes (run by ``compose.processes``), no Docker. Data lives
 under the state directory.
 
+``AISTACK_INFRA_BROKERS=3`` (``aistack infra up --brokers 3``) makes Kafka a
+cluster of three brokers on this machine, each its own controller too, with
+replication factor 3 and ``min.insync.replicas`` 2 for its internal topics
+(and, through :meth:`LocalStack.topic_defaults`, for aistack's). The count is
+fixed when the state directory's cluster is first formatted; later commands
+follow the state.
+
 ``up`` is idempotent (a running stack is left alone, stale pid files are
 cleaned) and all-or-nothing (a failure stops what this call started).
 """
@@ -13,11 +20,12 @@ import subprocess
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from compose import kafka_dist
 from compose.processes import ManagedProcess, Readiness, Supervisor, port_open
-from compose.settings import InfraSettings
+from compose.settings import KAFKA_PORT_STEP, InfraSettings
 from shared.errors import AistackError, ConfigError, Unavailable
 
 #: How long ``down`` gives each server to stop before SIGKILL.
@@ -45,20 +53,27 @@ class Server(ManagedProcess):
     address: str
 
 
+@dataclass(frozen=True)
+class Broker(Server):
+    """One Kafka broker (and KRaft controller) of the local cluster."""
+
+    node_id: int
+    controller_port: int
+    directory: Path
+
+
+#: The file in the state directory that records how many brokers its cluster has.
+BROKER_COUNT_FILE = "kafka-brokers"
+
+
 class LocalStack:
     def __init__(self, settings: InfraSettings) -> None:
         self.settings = settings
         self.root = settings.common.state_dir / "infra"
         self.cache_dir = settings.common.cache_dir
         host = settings.host
-        self.kafka = Server(
-            "kafka",
-            "kafka.Kafka",
-            self.root / "kafka.pid",
-            self.root / "kafka.log",
-            settings.kafka_port,
-            f"{host}:{settings.kafka_port}",
-        )
+        self.brokers = [self._broker(node) for node in range(1, self._broker_count() + 1)]
+        self.kafka = self.brokers[0]
         self.redis = Server(
             "redis",
             "redis-server",
@@ -73,15 +88,30 @@ class LocalStack:
 
     @property
     def kafka_bootstrap(self) -> str:
-        return self.kafka.address
+        return ",".join(broker.address for broker in self.brokers)
 
     @property
     def redis_url(self) -> str:
         return self.redis.address
 
+    @property
+    def names(self) -> list[str]:
+        """Every server's name in start order: "kafka" (broker 1), "kafka-2", …, "redis"."""
+        return [server.name for server in self._servers()]
+
     def server(self, name: str) -> Server:
-        """ "kafka" or "redis"; KeyError for any other name."""
-        return {"kafka": self.kafka, "redis": self.redis}[name]
+        """A server by its name in ``names``; KeyError for any other name."""
+        return {server.name: server for server in self._servers()}[name]
+
+    def topic_defaults(self) -> dict[str, str]:
+        """The replication aistack's topics get on this cluster, as the
+        settings that say it: factor 3 and two in sync on three brokers or
+        more; one broker keeps 1 and 1."""
+        factor = min(3, len(self.brokers))
+        return {
+            "AISTACK_KAFKA_TOPIC_REPLICATION_FACTOR": str(factor),
+            "AISTACK_KAFKA_TOPIC_MIN_INSYNC_REPLICAS": str(_min_insync(factor)),
+        }
 
     def up(self) -> list[ServerStatus]:
         """Start whatever is not running and wait until both answer."""
@@ -96,38 +126,43 @@ class LocalStack:
                 "java not found: Kafka needs a JRE 17, `apt-get install openjdk-17-jre-headless`"
             )
         kafka_dist.ensure_kafka_jars(self.cache_dir)
+        self._record_broker_count()
 
         # Check every port first, so a taken one fails before anything starts.
-        for server in (self.kafka, self.redis):
+        for server in self._servers():
             if self._alive_pid(server) is None:
                 self._check_port_free(server)
         started: list[Server] = []
         try:
-            for server, start, ready in (
-                (self.kafka, self._start_kafka, self._kafka_ready),
-                (self.redis, lambda: self._start_redis(redis_server), self._redis_ready),
-            ):
-                if self._alive_pid(server) is not None:
-                    self._wait(server, ready)
-                    continue
-                self._check_port_free(server)
-                start()
-                started.append(server)
-                self._wait(server, ready)
+            # Every broker first, then wait: none is ready before a majority
+            # of the controllers runs.
+            for broker in self.brokers:
+                if self._alive_pid(broker) is None:
+                    self._check_port_free(broker)
+                    self._start_kafka(broker)
+                    started.append(broker)
+            for broker in self.brokers:
+                self._wait(broker, partial(self._kafka_ready, broker))
+            if self._alive_pid(self.redis) is None:
+                self._check_port_free(self.redis)
+                self._start_redis(redis_server)
+                started.append(self.redis)
+            self._wait(self.redis, self._redis_ready)
         except BaseException:
-            for server in reversed(started):
-                self.stop_server(server.name)
+            self._supervisor.stop(started, STOP_TIMEOUT)
             raise
         return self.status()
 
     def down(self, timeout: float = STOP_TIMEOUT) -> list[ServerStatus]:
-        """Stop both servers cleanly (SIGTERM, then SIGKILL after ``timeout``)."""
-        for server in (self.redis, self.kafka):
-            self.stop_server(server.name, timeout)
+        """Stop every server cleanly (SIGTERM, then SIGKILL after ``timeout``):
+        Redis, then the brokers together (a broker stopping alone after the
+        others would wait for a controller quorum that is gone)."""
+        self.stop_server(self.redis.name, timeout)
+        self._supervisor.stop(self.brokers, timeout)
         return self.status()
 
     def stop_server(self, name: str, timeout: float = STOP_TIMEOUT) -> None:
-        """Stop "kafka" or "redis" alone (SIGTERM, then SIGKILL after ``timeout``)."""
+        """Stop one server by name (SIGTERM, then SIGKILL after ``timeout``)."""
         self._supervisor.stop([self.server(name)], timeout)
 
     def status(self) -> list[ServerStatus]:
@@ -135,39 +170,81 @@ class LocalStack:
             ServerStatus(
                 s.name, (pid := self._alive_pid(s)) is not None, pid, s.address, s.log_file
             )
-            for s in (self.kafka, self.redis)
+            for s in self._servers()
         ]
 
     # ---- Kafka ----
 
-    def _kafka_dir(self) -> Path:
-        return self.root / "kafka"
+    def _servers(self) -> list[Server]:
+        return [*self.brokers, self.redis]
 
-    def _write_kafka_config(self) -> Path:
+    def _broker(self, node: int) -> Broker:
         s = self.settings
-        data = self._kafka_dir() / "data"
+        name = "kafka" if node == 1 else f"kafka-{node}"
+        port = s.kafka_port + KAFKA_PORT_STEP * (node - 1)
+        return Broker(
+            name,
+            "kafka.Kafka",
+            self.root / f"{name}.pid",
+            self.root / f"{name}.log",
+            port,
+            f"{s.host}:{port}",
+            node,
+            s.kafka_controller_port + KAFKA_PORT_STEP * (node - 1),
+            self.root / name,
+        )
+
+    def _broker_count(self) -> int:
+        """The count the state's cluster was formatted with; a different one
+        asked for explicitly is a ConfigError. A state from before the count
+        was recorded holds one broker."""
+        recorded_file = self.root / BROKER_COUNT_FILE
+        if recorded_file.exists():
+            recorded = int(recorded_file.read_text().strip())
+        elif (self.root / "kafka" / "data" / "meta.properties").exists():
+            recorded = 1
+        else:
+            return self.settings.brokers
+        if "brokers" in self.settings.model_fields_set and self.settings.brokers != recorded:
+            raise ConfigError(
+                f"AISTACK_INFRA_BROKERS={self.settings.brokers}, but the state directory "
+                f"{self.root} holds a {recorded}-broker Kafka cluster: `aistack infra down` "
+                "and remove it, or use another AISTACK_STATE_DIR"
+            )
+        return recorded
+
+    def _record_broker_count(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / BROKER_COUNT_FILE).write_text(f"{len(self.brokers)}\n")
+
+    def _write_kafka_config(self, broker: Broker) -> Path:
+        s = self.settings
+        data = broker.directory / "data"
         data.mkdir(parents=True, exist_ok=True)
-        config = self._kafka_dir() / "server.properties"
+        config = broker.directory / "server.properties"
+        voters = ",".join(f"{b.node_id}@{s.host}:{b.controller_port}" for b in self.brokers)
+        # Internal topics (consumer offsets, transactions) as replicated as the
+        # cluster allows: with fewer replicas than asked, groups and
+        # transactions hang.
+        factor = min(3, len(self.brokers))
         config.write_text(
             "\n".join(
                 [
                     "process.roles=broker,controller",
-                    "node.id=1",
-                    f"controller.quorum.voters=1@{s.host}:{s.kafka_controller_port}",
-                    f"listeners=PLAINTEXT://{s.host}:{s.kafka_port},"
-                    f"CONTROLLER://{s.host}:{s.kafka_controller_port}",
-                    f"advertised.listeners=PLAINTEXT://{s.host}:{s.kafka_port}",
+                    f"node.id={broker.node_id}",
+                    f"controller.quorum.voters={voters}",
+                    f"listeners=PLAINTEXT://{s.host}:{broker.port},"
+                    f"CONTROLLER://{s.host}:{broker.controller_port}",
+                    f"advertised.listeners=PLAINTEXT://{s.host}:{broker.port}",
                     "controller.listener.names=CONTROLLER",
                     "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
                     "inter.broker.listener.name=PLAINTEXT",
                     f"log.dirs={data}",
-                    # A single node: internal topics cannot have more replicas,
-                    # or consumer groups and transactions hang.
-                    "offsets.topic.replication.factor=1",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "min.insync.replicas=1",
-                    "default.replication.factor=1",
+                    f"offsets.topic.replication.factor={factor}",
+                    f"transaction.state.log.replication.factor={factor}",
+                    f"transaction.state.log.min.isr={_min_insync(factor)}",
+                    f"min.insync.replicas={_min_insync(factor)}",
+                    f"default.replication.factor={factor}",
                     "num.partitions=1",
                     "group.initial.rebalance.delay.ms=0",
                     "auto.create.topics.enable=false",
@@ -176,7 +253,7 @@ class LocalStack:
                 ]
             )
         )
-        (self._kafka_dir() / "log4j.properties").write_text(
+        (broker.directory / "log4j.properties").write_text(
             "\n".join(
                 [
                     "log4j.rootLogger=INFO, stdout",
@@ -192,7 +269,12 @@ class LocalStack:
         return config
 
     def _java(
-        self, main: str, *args: str, heap: str = "256m", initial_heap: str = "64m"
+        self,
+        broker: Broker,
+        main: str,
+        *args: str,
+        heap: str = "256m",
+        initial_heap: str = "64m",
     ) -> list[str]:
         return [
             "java",
@@ -200,20 +282,26 @@ class LocalStack:
             f"-Xms{initial_heap}",
             "-XX:+UseG1GC",
             "-Djava.awt.headless=true",
-            f"-Dlog4j.configuration=file:{self._kafka_dir() / 'log4j.properties'}",
+            f"-Dlog4j.configuration=file:{broker.directory / 'log4j.properties'}",
             "-cp",
             kafka_dist.classpath(self.cache_dir),
             main,
             *args,
         ]
 
-    def _start_kafka(self) -> None:
-        config = self._write_kafka_config()
-        if not (self._kafka_dir() / "data" / "meta.properties").exists():
-            cluster_id = _kafka_cluster_id()
+    def _start_kafka(self, broker: Broker) -> None:
+        config = self._write_kafka_config(broker)
+        if not (broker.directory / "data" / "meta.properties").exists():
+            cluster_id = self._cluster_id()
             result = subprocess.run(
                 self._java(
-                    "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(config)
+                    broker,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(config),
                 ),
                 capture_output=True,
                 text=True,
@@ -224,8 +312,9 @@ class LocalStack:
                     f"formatting Kafka storage failed: {result.stderr.strip()[-500:]}"
                 )
         self._spawn(
-            self.kafka,
+            broker,
             self._java(
+                broker,
                 "kafka.Kafka",
                 str(config),
                 heap=self.settings.kafka_heap,
@@ -233,17 +322,28 @@ class LocalStack:
             ),
         )
 
-    def _kafka_ready(self) -> bool:
+    def _cluster_id(self) -> str:
+        """The id a broker already formatted carries (all of one cluster share
+        it), or a new one."""
+        for broker in self.brokers:
+            meta = broker.directory / "data" / "meta.properties"
+            if meta.exists():
+                for line in meta.read_text().splitlines():
+                    key, _, value = line.partition("=")
+                    if key.strip() == "cluster.id":
+                        return value.strip()
+        return _kafka_cluster_id()
+
+    def _kafka_ready(self, broker: Broker) -> bool:
+        """The broker answers and the cluster counts it among its brokers."""
         from confluent_kafka.admin import AdminClient
 
-        if not port_open(self.settings.host, self.settings.kafka_port):
+        if not port_open(self.settings.host, broker.port):
             return False
         try:
-            admin = AdminClient(
-                {"bootstrap.servers": self.kafka.address, "socket.timeout.ms": 2000}
-            )
+            admin = AdminClient({"bootstrap.servers": broker.address, "socket.timeout.ms": 2000})
             metadata = admin.list_topics(timeout=3)
-            return bool(metadata.brokers)
+            return broker.node_id in metadata.brokers
         except Exception:
             return False
 
@@ -301,17 +401,21 @@ class LocalStack:
 
     def _check_port_free(self, server: Server) -> None:
         if port_open(self.settings.host, server.port):
+            setting = "KAFKA" if isinstance(server, Broker) else server.name.upper()
             raise PortTaken(
                 f"port {server.port} on {self.settings.host} is already taken by another process; "
-                f"stop it or set AISTACK_INFRA_{server.name.upper()}_PORT"
+                f"stop it or set AISTACK_INFRA_{setting}_PORT"
             )
-        if server is self.kafka and port_open(
-            self.settings.host, self.settings.kafka_controller_port
-        ):
+        if isinstance(server, Broker) and port_open(self.settings.host, server.controller_port):
             raise PortTaken(
-                f"port {self.settings.kafka_controller_port} on {self.settings.host} is already "
+                f"port {server.controller_port} on {self.settings.host} is already "
                 "taken; stop it or set AISTACK_INFRA_KAFKA_CONTROLLER_PORT"
             )
+
+
+def _min_insync(factor: int) -> int:
+    """Two in sync of three: one broker may be down and acks=all writes go on."""
+    return max(1, factor - 1)
 
 
 def _kafka_cluster_id() -> str:

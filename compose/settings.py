@@ -27,10 +27,19 @@ class InfraSettings(BaseSettings):
     kafka_port: int = Field(default=9092, ge=1, le=65535)
     kafka_controller_port: int = Field(default=9093, ge=1, le=65535)
     redis_port: int = Field(default=6379, ge=1, le=65535)
+    # Kafka brokers on this machine: 1, or a cluster (3: replication factor 3,
+    # two in sync). Broker n listens on kafka_port + KAFKA_PORT_STEP·(n-1),
+    # its controller likewise. Fixed when the state's cluster is formatted.
+    brokers: int = Field(default=1, ge=1, le=9)
     kafka_heap: str = Field(default="512m", pattern=r"^\d+[mMgG]$")
     start_timeout: float = Field(default=120.0, gt=0)
 
     common: CommonSettings = Field(default_factory=CommonSettings)
+
+
+#: Broker n of a local cluster listens on kafka_port + STEP·(n-1) (and its
+#: controller on kafka_controller_port + STEP·(n-1)).
+KAFKA_PORT_STEP = 100
 
 
 class PortUse(NamedTuple):
@@ -105,14 +114,22 @@ class StackSettings(BaseSettings):
         """Every port of the stack, infrastructure included, in start order."""
         infra = self.infra
         stack = "AISTACK_STACK_"
-        uses = [
-            PortUse("kafka", "", infra.kafka_port, "AISTACK_INFRA_KAFKA_PORT"),
-            PortUse(
-                "kafka",
-                "controller",
-                infra.kafka_controller_port,
-                "AISTACK_INFRA_KAFKA_CONTROLLER_PORT",
-            ),
+        uses: list[PortUse] = []
+        for node in range(1, infra.brokers + 1):
+            name = "kafka" if node == 1 else f"kafka-{node}"
+            offset = KAFKA_PORT_STEP * (node - 1)
+            note = f"AISTACK_INFRA_KAFKA_PORT + {offset}" if offset else ""
+            uses += [
+                PortUse(name, "", infra.kafka_port + offset, "AISTACK_INFRA_KAFKA_PORT", note),
+                PortUse(
+                    name,
+                    "controller",
+                    infra.kafka_controller_port + offset,
+                    "AISTACK_INFRA_KAFKA_CONTROLLER_PORT",
+                    note.replace("_PORT", "_CONTROLLER_PORT"),
+                ),
+            ]
+        uses += [
             PortUse("redis", "", infra.redis_port, "AISTACK_INFRA_REDIS_PORT"),
             PortUse("svc_tuner", "gRPC", self.tuner_port, f"{stack}TUNER_PORT"),
             PortUse("svc_tuner", "metrics", self.tuner_metrics_port, f"{stack}TUNER_METRICS_PORT"),

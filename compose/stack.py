@@ -43,7 +43,6 @@ from shared.settings import KafkaSettings, load_settings
 #: ``python -m svc_…`` finds the project's packages.
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
-INFRA = ("kafka", "redis")
 
 # Stopping what a failed ``up`` started: it never got to do any work worth a
 # long graceful stop.
@@ -178,7 +177,7 @@ class ServiceStack:
     @property
     def names(self) -> list[str]:
         """Every name ``status`` reports, in start order: infrastructure first."""
-        return [*INFRA, *self._services]
+        return [*self.infra.names, *self._services]
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -214,7 +213,7 @@ class ServiceStack:
         self._check_ports()
         kafka = self._kafka_settings()  # a bad AISTACK_KAFKA_* fails before anything starts
         self.root.mkdir(parents=True, exist_ok=True)
-        infra_before = {name: self._infra_pid(name) is not None for name in INFRA}
+        infra_before = {name: self._infra_pid(name) is not None for name in self.infra.names}
         started: list[_Service] = []
         try:
             self.infra.up()
@@ -232,7 +231,7 @@ class ServiceStack:
             self._supervisor.stop(started, _STOP_AFTER_FAILURE)
             # LocalStack cleans up its own failed start; this stops only the
             # servers that this call started and that came up.
-            for name in INFRA:
+            for name in self.infra.names:
                 if not infra_before[name]:
                     self.infra.stop_server(name, _STOP_AFTER_FAILURE)
             raise
@@ -282,7 +281,7 @@ class ServiceStack:
     def log_file(self, name: str) -> Path:
         """The log of ``name`` (a service, "kafka" or "redis"); raises NotFound
         for any other name."""
-        if name in INFRA:
+        if name in self.infra.names:
             return self.infra.server(name).log_file
         return self._service(name).log_file
 
@@ -295,10 +294,22 @@ class ServiceStack:
 
     def _kafka_settings(self) -> KafkaSettings:
         # The services' own AISTACK_KAFKA_* (partitions, security) pass through
-        # to them; the bootstrap is the stack's.
-        return load_settings(KafkaSettings).model_copy(
-            update={"bootstrap": self.infra.kafka_bootstrap}
-        )
+        # to them; the bootstrap is the stack's, and so is the replication,
+        # unless they set it.
+        update: dict[str, object] = {"bootstrap": self.infra.kafka_bootstrap}
+        for variable, value in self._replication_env().items():
+            field = variable.removeprefix("AISTACK_KAFKA_").lower()
+            update[field] = int(value)
+        return load_settings(KafkaSettings).model_copy(update=update)
+
+    def _replication_env(self) -> dict[str, str]:
+        """The cluster's topic replication settings that the environment leaves unset."""
+        environment = inherited_environment()
+        return {
+            variable: value
+            for variable, value in self.infra.topic_defaults().items()
+            if variable not in environment
+        }
 
     def _prepare_topics(self, kafka: KafkaSettings) -> None:
         """Create every aistack topic once before the services start (each
@@ -344,6 +355,7 @@ class ServiceStack:
             AISTACK_STATE_DIR=str(common.state_dir),
             AISTACK_CACHE_DIR=str(common.cache_dir),
         )
+        env.update(self._replication_env())
         env.setdefault("AISTACK_LOG_FORMAT", "json")
         # local[*] on a laptop would let Spark take every core from the others.
         env.setdefault("AISTACK_SPARK_MASTER", "local[2]")
@@ -383,7 +395,7 @@ class ServiceStack:
         return self.infra.server(name).pid()
 
     def _status(self, name: str) -> ServiceStatus:
-        if name in INFRA:
+        if name in self.infra.names:
             server = self.infra.server(name)
             pid_file, log_file = server.pid_file, server.log_file
             addresses: tuple[str, ...] = (server.address,)

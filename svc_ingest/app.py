@@ -118,6 +118,8 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
         consumer_auto_offset_reset="earliest",
         key_serializer="raw",
         value_serializer="raw",
+        # Every in-sync replica (transactional producers insist on it anyway).
+        producer_acks=-1,
         producer_compression_type="lz4",
         producer_linger=0.005,
         producer_max_batch_size=512 * 1024,

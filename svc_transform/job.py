@@ -34,6 +34,7 @@ from svc_transform.sinks import (
     WindowSink,
     envelope_headers,
     kafka_options,
+    kafka_sink_options,
 )
 from svc_transform.windows import (
     WindowSpec,
@@ -148,7 +149,7 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
         dead_letter_records(read_clean_events(spark, settings, headers=True))
         .writeStream.queryName(DEAD_LETTERS_QUERY)
         .format("kafka")
-        .options(**kafka_options(settings.kafka))
+        .options(**kafka_sink_options(settings.kafka))
         .option("topic", settings.dlq_topic)
         .option("checkpointLocation", f"{checkpoint}/{DEAD_LETTERS_QUERY}")
         .trigger(processingTime=f"{settings.dead_letter_trigger_seconds} seconds")

@@ -76,6 +76,13 @@ def kafka_options(kafka: KafkaSettings) -> dict[str, str]:
     return {f"kafka.{key}": value for key, value in kafka.java_client_config().items()}
 
 
+def kafka_sink_options(kafka: KafkaSettings) -> dict[str, str]:
+    """The sink's: written when every in-sync replica has it, as every aistack
+    producer writes (the Java client's default too, said here so that no
+    version changes it)."""
+    return {**kafka_options(kafka), "kafka.acks": "all"}
+
+
 def envelope_headers(message_type: str, event_id: Column) -> Column:
     """The CloudEvents headers every aistack record carries, with a new trace."""
     trace = F.concat(
@@ -119,7 +126,7 @@ class WindowSink:
         # Runs in the driver: how many windows a batch wrote (Spark does not
         # report output rows for foreachBatch).
         self._on_written = on_written
-        self._kafka_options = kafka_options(kafka)
+        self._kafka_options = kafka_sink_options(kafka)
         self._redis = redis
         self._topic = features_topic
         self._offline_path = offline_path

@@ -8,6 +8,7 @@ else testcontainers when a Docker engine answers; else the local launcher
 from __future__ import annotations
 
 import os
+import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from pathlib import Path
 from confluent_kafka import Consumer
 
 from compose.local import LocalStack
-from compose.settings import InfraSettings
+from compose.settings import KAFKA_PORT_STEP, InfraSettings
 from shared.ports import free_ports
 from shared.settings import CommonSettings, KafkaSettings, RedisSettings
 
@@ -103,8 +104,17 @@ def _containers() -> Iterator[Infra]:
 
 @contextmanager
 def _local(state_dir: Path) -> Iterator[Infra]:
-    kafka_port, controller_port, redis_port = free_ports(3)
+    with local_infra(state_dir) as infra:
+        yield infra
+
+
+@contextmanager
+def local_infra(state_dir: Path, *, brokers: int = 1) -> Iterator[Infra]:
+    """The local launcher's Kafka (``brokers`` of them) and Redis on free
+    ports; its ``kafka`` settings carry the cluster's topic replication."""
+    kafka_port, controller_port, redis_port = stepped_free_ports(3, brokers)
     settings = InfraSettings(
+        brokers=brokers,
         kafka_port=kafka_port,
         kafka_controller_port=controller_port,
         redis_port=redis_port,
@@ -112,15 +122,39 @@ def _local(state_dir: Path) -> Iterator[Infra]:
     )
     stack = LocalStack(settings)
     stack.up()
+    replication = {
+        variable.removeprefix("AISTACK_KAFKA_").lower(): int(value)
+        for variable, value in stack.topic_defaults().items()
+    }
     try:
         yield Infra(
             "local",
-            KafkaSettings(bootstrap=stack.kafka_bootstrap),
+            KafkaSettings(bootstrap=stack.kafka_bootstrap, **replication),
             RedisSettings(url=stack.redis_url),
             local_stack=stack,
         )
     finally:
         stack.down()
+
+
+def stepped_free_ports(count: int, brokers: int) -> list[int]:
+    """``count`` free ports, each free also at + KAFKA_PORT_STEP·n for every
+    further broker n (where a local cluster puts them)."""
+    for _ in range(100):
+        ports = free_ports(count)
+        others = [p + KAFKA_PORT_STEP * n for p in ports for n in range(1, brokers)]
+        if all(p < 65536 for p in others) and all(_port_free(p) for p in others):
+            return ports
+    raise AssertionError(f"no {count} ports free at every step of {brokers} brokers")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def read_topic(kafka: KafkaSettings, topic: str, *, wanted: int, timeout: float) -> list[bytes]:

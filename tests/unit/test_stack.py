@@ -461,3 +461,56 @@ def test_a_service_that_never_gets_ready_fails_up_at_the_timeout(
     with pytest.raises(Unavailable, match=r"svc_ingest is not ready on port .* after 1s \(nor"):
         stack.up()
     assert {s.state for s in stack.status()} == {"stopped"}
+
+
+# ---- a cluster of brokers ----
+
+
+def test_on_three_brokers_services_get_every_broker_and_replication_three_two_in_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AISTACK_KAFKA_TOPIC_REPLICATION_FACTOR", raising=False)
+    monkeypatch.delenv("AISTACK_KAFKA_TOPIC_MIN_INSYNC_REPLICAS", raising=False)
+    settings = stack_settings(tmp_path)
+    infra = settings.infra.model_copy(update={"brokers": 3})
+    stack = ServiceStack(settings.model_copy(update={"infra": infra}))
+    port = infra.kafka_port
+
+    assert stack.names[:4] == ["kafka", "kafka-2", "kafka-3", "redis"]
+    env = stack.service_env("svc_ingest")
+    assert env["AISTACK_KAFKA_BOOTSTRAP"] == (
+        f"127.0.0.1:{port},127.0.0.1:{port + 100},127.0.0.1:{port + 200}"
+    )
+    assert env["AISTACK_KAFKA_TOPIC_REPLICATION_FACTOR"] == "3"
+    assert env["AISTACK_KAFKA_TOPIC_MIN_INSYNC_REPLICAS"] == "2"
+    assert stack.log_file("kafka-3") == tmp_path / "infra" / "kafka-3.log"
+    # What the user set stays.
+    monkeypatch.setenv("AISTACK_KAFKA_TOPIC_MIN_INSYNC_REPLICAS", "3")
+    assert stack.service_env("svc_model")["AISTACK_KAFKA_TOPIC_MIN_INSYNC_REPLICAS"] == "3"
+
+
+def test_the_broker_count_follows_the_state_and_a_different_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    from compose.local import BROKER_COUNT_FILE, LocalStack
+
+    (tmp_path / "infra").mkdir()
+    (tmp_path / "infra" / BROKER_COUNT_FILE).write_text("3\n")
+    infra = stack_settings(tmp_path).infra
+    assert len(LocalStack(infra).brokers) == 3  # the default 1 follows the state
+    with pytest.raises(ConfigError, match=r"AISTACK_INFRA_BROKERS=1, .* a 3-broker Kafka cluster"):
+        LocalStack(infra.model_copy(update={"brokers": 1}))
+
+
+def test_the_brokers_ports_are_checked_with_every_other_port(tmp_path: Path) -> None:
+    infra = stack_settings(tmp_path).infra
+    with pytest.raises(ValidationError, match="given twice: kafka-2 controller"):
+        StackSettings(
+            infra=InfraSettings(
+                brokers=3,
+                kafka_port=infra.kafka_port,
+                kafka_controller_port=infra.kafka_controller_port,
+                redis_port=infra.kafka_controller_port + 100,
+                common=infra.common,
+            )
+        )
