@@ -46,15 +46,23 @@ def _infra(args: argparse.Namespace) -> int:
         # What a service started by hand needs to use this Kafka as `aistack up` does.
         exports = {"AISTACK_KAFKA_BOOTSTRAP": stack.kafka_bootstrap, **stack.topic_defaults()}
         print("services: " + " ".join(f"{key}={value}" for key, value in exports.items()))
+        if stack.secure:
+            print(
+                f"secure: CA {stack.material.ca_cert}, passwords (one per principal) in "
+                f"{stack.material.credentials}"
+            )
     if args.action == "status":
         return 0 if all(s.running for s in statuses) else 3
     return 0
 
 
 def _apply_brokers(args: argparse.Namespace) -> None:
-    """``--brokers N`` is ``AISTACK_INFRA_BROKERS=N``, for this command and what it starts."""
+    """``--brokers N`` is ``AISTACK_INFRA_BROKERS=N`` and ``--secure``
+    ``AISTACK_INFRA_SECURE=true``, for this command and what it starts."""
     if getattr(args, "brokers", None) is not None:
         os.environ["AISTACK_INFRA_BROKERS"] = str(args.brokers)
+    if getattr(args, "secure", None):
+        os.environ["AISTACK_INFRA_SECURE"] = "true"
 
 
 def _stack_line(status: ServiceStatus) -> str:
@@ -197,6 +205,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     infra = commands.add_parser("infra", help="the local Kafka (KRaft) and Redis servers")
     infra.add_argument("action", choices=["up", "down", "status", "fetch"])
     infra.add_argument("--brokers", type=int, choices=range(1, 10), help=BROKERS_HELP)
+    infra.add_argument(
+        "--secure",
+        action="store_true",
+        default=None,
+        help="Kafka over TLS with SCRAM and ACLs, Redis over TLS with ACL users "
+        "(AISTACK_INFRA_SECURE); fixed when the state's cluster is first formatted",
+    )
     infra.set_defaults(run=_infra)
     for command, help_text in (
         ("up", "start Kafka, Redis and every service as local processes; wait until ready"),

@@ -15,6 +15,7 @@ cleaned) and all-or-nothing (a failure stops what this call started).
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import uuid
@@ -22,11 +23,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 from compose import kafka_dist
+from compose.grants import grant_principals, redis_acl
 from compose.processes import ManagedProcess, Readiness, Supervisor, port_open
+from compose.secure import (
+    ADMIN,
+    SERVER_COMMON_NAME,
+    SecureMaterial,
+    ensure_material,
+    write_private,
+)
 from compose.settings import KAFKA_PORT_STEP, InfraSettings
 from shared.errors import AistackError, ConfigError, Unavailable
+from shared.settings import KafkaSettings, RedisSettings
 
 #: How long ``down`` gives each server to stop before SIGKILL.
 STOP_TIMEOUT = 60.0
@@ -62,8 +73,18 @@ class Broker(Server):
     directory: Path
 
 
-#: The file in the state directory that records how many brokers its cluster has.
-BROKER_COUNT_FILE = "kafka-brokers"
+#: The file in the state directory that records its Kafka cluster's shape:
+#: how many brokers, and whether it is secure.
+CLUSTER_FILE = "kafka-cluster.json"
+
+#: Secure mode's SASL mechanism, for every principal.
+SCRAM: Literal["SCRAM-SHA-512"] = "SCRAM-SHA-512"
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    brokers: int
+    secure: bool
 
 
 class LocalStack:
@@ -72,15 +93,19 @@ class LocalStack:
         self.root = settings.common.state_dir / "infra"
         self.cache_dir = settings.common.cache_dir
         host = settings.host
-        self.brokers = [self._broker(node) for node in range(1, self._broker_count() + 1)]
+        shape = self._cluster_shape()
+        self.secure = shape.secure
+        self.material = SecureMaterial(self.root / "secure")
+        self.brokers = [self._broker(node) for node in range(1, shape.brokers + 1)]
         self.kafka = self.brokers[0]
+        scheme = "rediss" if self.secure else "redis"
         self.redis = Server(
             "redis",
             "redis-server",
             self.root / "redis.pid",
             self.root / "redis.log",
             settings.redis_port,
-            f"redis://{host}:{settings.redis_port}/0",
+            f"{scheme}://{host}:{settings.redis_port}/0",
         )
         self._supervisor = Supervisor()
 
@@ -107,11 +132,69 @@ class LocalStack:
         """The replication aistack's topics get on this cluster, as the
         settings that say it: factor 3 and two in sync on three brokers or
         more; one broker keeps 1 and 1."""
-        factor = min(3, len(self.brokers))
+        factor = self._replication_factor()
         return {
             "AISTACK_KAFKA_TOPIC_REPLICATION_FACTOR": str(factor),
             "AISTACK_KAFKA_TOPIC_MIN_INSYNC_REPLICAS": str(_min_insync(factor)),
         }
+
+    def kafka_settings(self, principal: str = ADMIN) -> KafkaSettings:
+        """How ``principal`` reaches this Kafka: every broker, and in secure
+        mode TLS (this stack's CA) and SCRAM as that principal. Secure mode's
+        material exists once ``up`` has run."""
+        factor = self._replication_factor()
+        plain = KafkaSettings(
+            bootstrap=self.kafka_bootstrap,
+            topic_replication_factor=factor,
+            topic_min_insync_replicas=_min_insync(factor),
+        )
+        if not self.secure:
+            return plain
+        return KafkaSettings(
+            bootstrap=plain.bootstrap,
+            security_protocol="SASL_SSL",
+            sasl_mechanism=SCRAM,
+            sasl_username=principal,
+            sasl_password=self.material.password(principal),
+            ssl_cafile=self.material.ca_cert,
+            client_id=principal,
+            topic_replication_factor=plain.topic_replication_factor,
+            topic_min_insync_replicas=plain.topic_min_insync_replicas,
+        )
+
+    def redis_settings(self, principal: str = ADMIN) -> RedisSettings:
+        """How ``principal`` reaches this Redis: in secure mode TLS and its ACL user."""
+        if not self.secure:
+            return RedisSettings(url=self.redis_url)
+        return RedisSettings(
+            url=self.redis_url,
+            username=principal,
+            password=self.material.password(principal),
+            ssl_ca_certs=self.material.ca_cert,
+        )
+
+    def client_env(self, principal: str) -> dict[str, str]:
+        """``kafka_settings`` and ``redis_settings`` of ``principal`` as the
+        environment of a process started with them."""
+        kafka = self.kafka_settings(principal)
+        redis_settings = self.redis_settings(principal)
+        env = {
+            "AISTACK_KAFKA_BOOTSTRAP": kafka.bootstrap,
+            "AISTACK_REDIS_URL": redis_settings.url,
+            **self.topic_defaults(),
+        }
+        if self.secure:
+            env.update(
+                AISTACK_KAFKA_SECURITY_PROTOCOL=kafka.security_protocol,
+                AISTACK_KAFKA_SASL_MECHANISM=SCRAM,
+                AISTACK_KAFKA_SASL_USERNAME=principal,
+                AISTACK_KAFKA_SASL_PASSWORD=self.material.password(principal).get_secret_value(),
+                AISTACK_KAFKA_SSL_CAFILE=str(self.material.ca_cert),
+                AISTACK_REDIS_USERNAME=principal,
+                AISTACK_REDIS_PASSWORD=self.material.password(principal).get_secret_value(),
+                AISTACK_REDIS_SSL_CA_CERTS=str(self.material.ca_cert),
+            )
+        return env
 
     def up(self) -> list[ServerStatus]:
         """Start whatever is not running and wait until both answer."""
@@ -126,7 +209,9 @@ class LocalStack:
                 "java not found: Kafka needs a JRE 17, `apt-get install openjdk-17-jre-headless`"
             )
         kafka_dist.ensure_kafka_jars(self.cache_dir)
-        self._record_broker_count()
+        self._record_cluster_shape()
+        if self.secure:
+            ensure_material(self.material.directory, [self.settings.host])
 
         # Check every port first, so a taken one fails before anything starts.
         for server in self._servers():
@@ -143,6 +228,8 @@ class LocalStack:
                     started.append(broker)
             for broker in self.brokers:
                 self._wait(broker, partial(self._kafka_ready, broker))
+            if self.secure:
+                grant_principals(self.kafka_settings(ADMIN), self.material.passwords())
             if self._alive_pid(self.redis) is None:
                 self._check_port_free(self.redis)
                 self._start_redis(redis_server)
@@ -175,6 +262,9 @@ class LocalStack:
 
     # ---- Kafka ----
 
+    def _replication_factor(self) -> int:
+        return min(3, len(self.brokers))
+
     def _servers(self) -> list[Server]:
         return [*self.brokers, self.redis]
 
@@ -194,28 +284,38 @@ class LocalStack:
             self.root / name,
         )
 
-    def _broker_count(self) -> int:
-        """The count the state's cluster was formatted with; a different one
-        asked for explicitly is a ConfigError. A state from before the count
-        was recorded holds one broker."""
-        recorded_file = self.root / BROKER_COUNT_FILE
+    def _cluster_shape(self) -> ClusterShape:
+        """The shape the state's cluster was formatted with; a different one
+        asked for explicitly is a ConfigError. A state from before the shape
+        was recorded holds one plain broker."""
+        asked = ClusterShape(self.settings.brokers, self.settings.secure)
+        recorded_file = self.root / CLUSTER_FILE
         if recorded_file.exists():
-            recorded = int(recorded_file.read_text().strip())
+            recorded = ClusterShape(**json.loads(recorded_file.read_text()))
         elif (self.root / "kafka" / "data" / "meta.properties").exists():
-            recorded = 1
+            recorded = ClusterShape(brokers=1, secure=False)
         else:
-            return self.settings.brokers
-        if "brokers" in self.settings.model_fields_set and self.settings.brokers != recorded:
+            return asked
+        explicit = self.settings.model_fields_set
+        if "brokers" in explicit and asked.brokers != recorded.brokers:
             raise ConfigError(
-                f"AISTACK_INFRA_BROKERS={self.settings.brokers}, but the state directory "
-                f"{self.root} holds a {recorded}-broker Kafka cluster: `aistack infra down` "
-                "and remove it, or use another AISTACK_STATE_DIR"
+                f"AISTACK_INFRA_BROKERS={asked.brokers}, but the state directory "
+                f"{self.root} holds a {recorded.brokers}-broker Kafka cluster: `aistack infra "
+                "down` and remove it, or use another AISTACK_STATE_DIR"
+            )
+        if "secure" in explicit and asked.secure != recorded.secure:
+            held = "secure" if recorded.secure else "plaintext"
+            raise ConfigError(
+                f"AISTACK_INFRA_SECURE={str(asked.secure).lower()}, but the state directory "
+                f"{self.root} holds a {held} Kafka cluster: `aistack infra down` and remove "
+                "it, or use another AISTACK_STATE_DIR"
             )
         return recorded
 
-    def _record_broker_count(self) -> None:
+    def _record_cluster_shape(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        (self.root / BROKER_COUNT_FILE).write_text(f"{len(self.brokers)}\n")
+        shape = {"brokers": len(self.brokers), "secure": self.secure}
+        (self.root / CLUSTER_FILE).write_text(json.dumps(shape) + "\n")
 
     def _write_kafka_config(self, broker: Broker) -> Path:
         s = self.settings
@@ -226,19 +326,20 @@ class LocalStack:
         # Internal topics (consumer offsets, transactions) as replicated as the
         # cluster allows: with fewer replicas than asked, groups and
         # transactions hang.
-        factor = min(3, len(self.brokers))
+        factor = self._replication_factor()
+        client = "SASL_SSL" if self.secure else "PLAINTEXT"
         config.write_text(
             "\n".join(
                 [
                     "process.roles=broker,controller",
                     f"node.id={broker.node_id}",
                     f"controller.quorum.voters={voters}",
-                    f"listeners=PLAINTEXT://{s.host}:{broker.port},"
+                    f"listeners={client}://{s.host}:{broker.port},"
                     f"CONTROLLER://{s.host}:{broker.controller_port}",
-                    f"advertised.listeners=PLAINTEXT://{s.host}:{broker.port}",
+                    f"advertised.listeners={client}://{s.host}:{broker.port}",
                     "controller.listener.names=CONTROLLER",
-                    "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-                    "inter.broker.listener.name=PLAINTEXT",
+                    f"inter.broker.listener.name={client}",
+                    *(self._secure_kafka_config() if self.secure else _PLAIN_KAFKA_CONFIG),
                     f"log.dirs={data}",
                     f"offsets.topic.replication.factor={factor}",
                     f"transaction.state.log.replication.factor={factor}",
@@ -267,6 +368,28 @@ class LocalStack:
             )
         )
         return config
+
+    def _secure_kafka_config(self) -> list[str]:
+        """TLS and SCRAM for clients and between brokers, mutual TLS to the
+        controllers, and ACLs: nothing is allowed that no ACL grants."""
+        m = self.material
+        admin = m.password(ADMIN).get_secret_value()
+        return [
+            "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL",
+            f"sasl.enabled.mechanisms={SCRAM}",
+            f"sasl.mechanism.inter.broker.protocol={SCRAM}",
+            f"listener.name.sasl_ssl.{SCRAM.lower()}.sasl.jaas.config="
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{ADMIN}" password="{admin}";',
+            "ssl.keystore.type=PEM",
+            f"ssl.keystore.location={m.server_pem}",
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={m.ca_cert}",
+            "listener.name.controller.ssl.client.auth=required",
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            f"super.users=User:{ADMIN};User:CN={SERVER_COMMON_NAME}",
+            "allow.everyone.if.no.acl.found=false",
+        ]
 
     def _java(
         self,
@@ -302,6 +425,7 @@ class LocalStack:
                     cluster_id,
                     "-c",
                     str(config),
+                    *self._format_scram(),
                 ),
                 capture_output=True,
                 text=True,
@@ -322,6 +446,14 @@ class LocalStack:
             ),
         )
 
+    def _format_scram(self) -> list[str]:
+        """The admin's SCRAM credential, in the metadata from the start: the
+        brokers authenticate to each other with it before any admin call."""
+        if not self.secure:
+            return []
+        admin = self.material.password(ADMIN).get_secret_value()
+        return ["--add-scram", f"{SCRAM}=[name={ADMIN},password={admin}]"]
+
     def _cluster_id(self) -> str:
         """The id a broker already formatted carries (all of one cluster share
         it), or a new one."""
@@ -341,7 +473,10 @@ class LocalStack:
         if not port_open(self.settings.host, broker.port):
             return False
         try:
-            admin = AdminClient({"bootstrap.servers": broker.address, "socket.timeout.ms": 2000})
+            config = self.kafka_settings(ADMIN).client_config()
+            admin = AdminClient(
+                {**config, "bootstrap.servers": broker.address, "socket.timeout.ms": 2000}
+            )
             metadata = admin.list_topics(timeout=3)
             return broker.node_id in metadata.brokers
         except Exception:
@@ -358,8 +493,7 @@ class LocalStack:
                 redis_server,
                 "--bind",
                 self.settings.host,
-                "--port",
-                str(self.settings.redis_port),
+                *(self._secure_redis_options() if self.secure else self._plain_redis_options()),
                 "--dir",
                 str(data),
                 # The tuner's studies live here: survive a restart.
@@ -372,11 +506,40 @@ class LocalStack:
             ],
         )
 
+    def _plain_redis_options(self) -> list[str]:
+        return ["--port", str(self.settings.redis_port)]
+
+    def _secure_redis_options(self) -> list[str]:
+        """TLS only (no plaintext port), and an ACL user per principal; the
+        default user is off."""
+        m = self.material
+        acl_file = m.directory / "users.acl"
+        write_private(acl_file, redis_acl(m.passwords()).encode())
+        return [
+            "--port",
+            "0",
+            "--tls-port",
+            str(self.settings.redis_port),
+            "--tls-cert-file",
+            str(m.server_cert),
+            "--tls-key-file",
+            str(m.server_key),
+            "--tls-ca-cert-file",
+            str(m.ca_cert),
+            "--tls-auth-clients",
+            "no",
+            "--aclfile",
+            str(acl_file),
+        ]
+
     def _redis_ready(self) -> bool:
         import redis
 
+        from shared.redis_client import make_redis
+
         try:
-            return bool(redis.Redis.from_url(self.redis.address, socket_timeout=2).ping())
+            client = make_redis(self.redis_settings(ADMIN))
+            return bool(client.ping())
         except redis.RedisError:
             return False
 
@@ -411,6 +574,9 @@ class LocalStack:
                 f"port {server.controller_port} on {self.settings.host} is already "
                 "taken; stop it or set AISTACK_INFRA_KAFKA_CONTROLLER_PORT"
             )
+
+
+_PLAIN_KAFKA_CONFIG = ["listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"]
 
 
 def _min_insync(factor: int) -> int:

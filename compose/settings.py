@@ -31,6 +31,10 @@ class InfraSettings(BaseSettings):
     # two in sync). Broker n listens on kafka_port + KAFKA_PORT_STEP·(n-1),
     # its controller likewise. Fixed when the state's cluster is formatted.
     brokers: int = Field(default=1, ge=1, le=9)
+    # Secure mode: Kafka over TLS with SCRAM and ACLs (a principal per
+    # service), Redis over TLS with an ACL user each. Fixed when the state's
+    # cluster is formatted.
+    secure: bool = False
     kafka_heap: str = Field(default="512m", pattern=r"^\d+[mMgG]$")
     start_timeout: float = Field(default=120.0, gt=0)
 

@@ -1,4 +1,4 @@
-"""Redis clients built from RedisSettings (password, TLS via rediss://)."""
+"""Redis clients built from RedisSettings (ACL user and password, TLS via rediss://)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from shared.settings import RedisSettings
 
 def _options(settings: RedisSettings) -> dict[str, Any]:
     options: dict[str, Any] = {"health_check_interval": 30}
+    if settings.username is not None:
+        options["username"] = settings.username
     if settings.password is not None:
         options["password"] = settings.password.get_secret_value()
     if settings.ssl_ca_certs is not None:

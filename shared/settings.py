@@ -225,6 +225,8 @@ class RedisSettings(BaseSettings):
 
     # rediss:// turns TLS on.
     url: str = "redis://localhost:6379/0"
+    # An ACL user (Redis 6+); none: the default user.
+    username: str | None = None
     password: SecretStr | None = None
     ssl_ca_certs: Path | None = None
 

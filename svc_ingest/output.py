@@ -53,7 +53,8 @@ class OutputWriter:
         self._builders: dict[tuple[int, str, int], Any] = {}
         self._oversized: list[tuple[int, str, int, bytes | None, bytes | None, list[Any]]] = []
         self._partition_of: dict[tuple[str, bytes], int] = {}
-        self._known_topics: set[str] = set()
+        # Partition counts of the topics written, as first found.
+        self._partition_counts: dict[str, int] = {}
         self._pending_full: list[tuple[AIOKafkaProducer, Any, str, int]] = []
         self._metadata_producer: Any = None
 
@@ -75,9 +76,8 @@ class OutputWriter:
             else:
                 self._producers[partition] = default
         for topic in topics:
-            if topic not in self._known_topics:
-                await wait_for_topic(default, topic)
-                self._known_topics.add(topic)
+            if topic not in self._partition_counts:
+                self._partition_counts[topic] = await wait_for_topic(default, topic)
 
     def add(
         self,
@@ -135,7 +135,9 @@ class OutputWriter:
             found = self._partition_of.get((topic, key))
             if found is not None:
                 return found
-        chosen = partition_for(self._metadata_producer, topic, key)
+        chosen = partition_for(
+            self._metadata_producer, topic, key, self._partition_counts.get(topic, 0)
+        )
         if key is not None:
             if len(self._partition_of) > 100_000:  # many entities: keep the cache bounded
                 self._partition_of.clear()

@@ -177,16 +177,26 @@ def _await_listed(admin: AdminClient, names: list[str], timeout: float) -> None:
         time.sleep(0.1)
 
 
-def partition_count(kafka: KafkaSettings, topic: str, *, timeout: float = 30.0) -> int:
-    """How many partitions ``topic`` has; raises NotFound if it does not exist."""
+def partition_count(
+    kafka: KafkaSettings, topic: str, *, timeout: float = 30.0, settle: float = 10.0
+) -> int:
+    """How many partitions ``topic`` has; raises NotFound if it does not exist.
+
+    On a cluster the broker that answers may not have heard of a topic just
+    created elsewhere: a missing topic is asked about again for ``settle``
+    seconds before it counts as missing."""
     admin = AdminClient(kafka.client_config())
-    try:
-        found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
-    except KafkaException as exc:
-        raise Unavailable(f"Kafka at {kafka.bootstrap} did not answer: {exc}") from exc
-    if found is None or found.error is not None or not found.partitions:
-        raise NotFound(f"topic {topic} does not exist")
-    return len(found.partitions)
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+        except KafkaException as exc:
+            raise Unavailable(f"Kafka at {kafka.bootstrap} did not answer: {exc}") from exc
+        if found is not None and found.error is None and found.partitions:
+            return len(found.partitions)
+        if time.monotonic() > deadline:
+            raise NotFound(f"topic {topic} does not exist")
+        time.sleep(0.2)
 
 
 def _insync(kafka: KafkaSettings, replicas: int) -> dict[str, str]:

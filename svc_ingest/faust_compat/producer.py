@@ -8,9 +8,12 @@ svc_ingest sends each record through the one of its raw record's partition
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import UnknownTopicOrPartitionError
 from faust.types import AppT
 
 __all__ = ["default_producer", "partition_for", "transaction_producer", "wait_for_topic"]
@@ -34,14 +37,32 @@ def transaction_producer(app: AppT, source_topic: str, partition: int) -> AIOKaf
     return found
 
 
-async def wait_for_topic(producer: AIOKafkaProducer, topic: str) -> None:
-    """Until the producer's client holds ``topic``'s metadata (its partitions)."""
-    await producer.client._wait_on_metadata(topic)
+async def wait_for_topic(producer: AIOKafkaProducer, topic: str, timeout: float = 60.0) -> int:
+    """Until the producer's client holds ``topic``'s partitions; their count.
+
+    aiokafka's own wait ends once the topic is in its metadata at all; on a
+    cluster, a broker that has only just heard of a new topic lists it with
+    no partitions."""
+    client = producer.client
+    deadline = time.monotonic() + timeout
+    while not (partitions := await client._wait_on_metadata(topic)):
+        if time.monotonic() > deadline:
+            raise UnknownTopicOrPartitionError(f"{topic} has no partitions after {timeout:.0f} s")
+        await asyncio.sleep(0.1)
+        await client.force_metadata_update()
+    return len(partitions)
 
 
-def partition_for(producer: AIOKafkaProducer, topic: str, key: bytes | None) -> int:
-    """The partition ``producer.send`` would choose for ``key`` (the default partitioner)."""
+def partition_for(producer: AIOKafkaProducer, topic: str, key: bytes | None, known: int) -> int:
+    """The partition ``producer.send`` would choose for ``key`` (the default
+    partitioner: murmur2 of the key over every partition, as Java's).
+
+    ``known`` is the partition count ``wait_for_topic`` found: a later
+    metadata answer from a broker that lags the others may list none for a
+    while (the key's partition does not change because of it); a count that
+    grew is taken from the metadata."""
     cluster = producer.client.cluster
-    every = list(cluster.partitions_for_topic(topic) or ())
-    available = list(cluster.available_partitions_for_topic(topic) or ())
+    count = max(known, len(cluster.partitions_for_topic(topic) or ()))
+    every = list(range(count))
+    available = sorted(cluster.available_partitions_for_topic(topic) or ()) or every
     return int(producer._partitioner(key, every, available))

@@ -31,13 +31,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Infra]:
 def replicas_and_in_sync(
     admin: AdminClient, topics: list[str]
 ) -> dict[tuple[str, int], tuple[int, int]]:
-    """(replicas, in-sync replicas) of every partition of ``topics``."""
+    """(replicas, in-sync replicas) of every partition of ``topics``; a topic
+    the answering broker does not know yet shows as (0, 0)."""
     metadata = admin.list_topics(timeout=10)
-    return {
-        (name, partition.id): (len(partition.replicas), len(partition.isrs))
-        for name in topics
-        for partition in metadata.topics[name].partitions.values()
-    }
+    found: dict[tuple[str, int], tuple[int, int]] = {}
+    for name in topics:
+        known = metadata.topics.get(name)
+        if known is None or known.error is not None:
+            found[(name, -1)] = (0, 0)
+            continue
+        for partition in known.partitions.values():
+            found[(name, partition.id)] = (len(partition.replicas), len(partition.isrs))
+    return found
+
+
+def fully_replicated(admin: AdminClient, topics: list[str]) -> bool:
+    return set(replicas_and_in_sync(admin, topics).values()) == {(3, 3)}
 
 
 def test_aistacks_topics_get_three_replicas_two_in_sync_by_the_clusters_settings(
@@ -51,7 +60,12 @@ def test_aistacks_topics_get_three_replicas_two_in_sync_by_the_clusters_settings
 
     admin = AdminClient(cluster.kafka.client_config())
     names = [spec.name for spec in TOPICS]
-    assert set(replicas_and_in_sync(admin, names).values()) == {(3, 3)}
+    # Every broker learns of a new topic from the controller, one a moment after another.
+    wait_until(
+        lambda: fully_replicated(admin, names),
+        30,
+        f"not three in sync everywhere: {replicas_and_in_sync(admin, names)}",
+    )
     resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in names]
     for future in admin.describe_configs(resources).values():
         assert future.result(timeout=30)["min.insync.replicas"].value == "2"
@@ -95,7 +109,7 @@ def test_a_broker_killed_mid_flow_loses_nothing_doubles_nothing_and_catches_up(
         changelog = f"{topics.app_id}-dedup-changelog"
         names = [topics.raw, topics.clean, topics.dlq, changelog]
         wait_until(
-            lambda: set(replicas_and_in_sync(admin, names).values()) == {(3, 3)},
+            lambda: fully_replicated(admin, names),
             120,
             f"{victim.name} did not catch up: {replicas_and_in_sync(admin, names)}",
         )

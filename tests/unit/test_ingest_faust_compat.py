@@ -148,3 +148,42 @@ def test_recovery_waits_on_a_quiet_changelog_no_longer_than_the_cap() -> None:
     # Everything else of asyncio is asyncio's own.
     assert faust_recovery.asyncio.sleep is asyncio.sleep
     assert faust_recovery.asyncio.TimeoutError is asyncio.TimeoutError
+
+
+class _Cluster:
+    def __init__(self, partitions: set[int]) -> None:
+        self.partitions = partitions
+
+    def partitions_for_topic(self, topic: str) -> set[int]:
+        return self.partitions
+
+    def available_partitions_for_topic(self, topic: str) -> set[int]:
+        return self.partitions
+
+
+class _Producer:
+    """What ``partition_for`` reads of an aiokafka producer: its client's
+    cluster metadata and its (real) default partitioner."""
+
+    def __init__(self, partitions: set[int]) -> None:
+        from aiokafka.partitioner import DefaultPartitioner
+
+        self.client = type("Client", (), {"cluster": _Cluster(partitions)})()
+        self._partitioner = DefaultPartitioner()
+
+
+def test_a_key_keeps_its_partition_while_a_lagging_broker_lists_none() -> None:
+    """On a cluster, a metadata answer from a broker that has only just heard
+    of a topic lists no partitions; the key's partition must not move (nor
+    divide by zero)."""
+    from svc_ingest.faust_compat.producer import partition_for
+
+    keys = [f"device-{i}".encode() for i in range(50)]
+    full = [partition_for(_Producer({0, 1, 2}), "clean", key, 3) for key in keys]  # type: ignore[arg-type]
+    lagging = [partition_for(_Producer(set()), "clean", key, 3) for key in keys]  # type: ignore[arg-type]
+
+    assert lagging == full
+    assert set(full) == {0, 1, 2}
+    # A topic that grew is partitioned over its new count.
+    grown = [partition_for(_Producer(set(range(6))), "clean", key, 3) for key in keys]  # type: ignore[arg-type]
+    assert max(grown) > 2

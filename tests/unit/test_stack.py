@@ -492,14 +492,33 @@ def test_on_three_brokers_services_get_every_broker_and_replication_three_two_in
 def test_the_broker_count_follows_the_state_and_a_different_one_is_refused(
     tmp_path: Path,
 ) -> None:
-    from compose.local import BROKER_COUNT_FILE, LocalStack
+    from compose.local import CLUSTER_FILE, LocalStack
 
     (tmp_path / "infra").mkdir()
-    (tmp_path / "infra" / BROKER_COUNT_FILE).write_text("3\n")
+    (tmp_path / "infra" / CLUSTER_FILE).write_text('{"brokers": 3, "secure": true}\n')
     infra = stack_settings(tmp_path).infra
-    assert len(LocalStack(infra).brokers) == 3  # the default 1 follows the state
+    # The defaults (1, plaintext) follow the state.
+    found = LocalStack(infra)
+    assert (len(found.brokers), found.secure) == (3, True)
+    assert found.redis_url.startswith("rediss://")
     with pytest.raises(ConfigError, match=r"AISTACK_INFRA_BROKERS=1, .* a 3-broker Kafka cluster"):
         LocalStack(infra.model_copy(update={"brokers": 1}))
+    with pytest.raises(ConfigError, match=r"AISTACK_INFRA_SECURE=false, .* a secure Kafka cluster"):
+        LocalStack(infra.model_copy(update={"secure": False}))
+
+
+def test_a_state_from_before_the_shape_was_recorded_holds_one_plain_broker(
+    tmp_path: Path,
+) -> None:
+    from compose.local import LocalStack
+
+    (tmp_path / "infra" / "kafka" / "data").mkdir(parents=True)
+    (tmp_path / "infra" / "kafka" / "data" / "meta.properties").write_text("cluster.id=x\n")
+    infra = stack_settings(tmp_path).infra
+    found = LocalStack(infra)
+    assert (len(found.brokers), found.secure) == (1, False)
+    with pytest.raises(ConfigError, match="a plaintext Kafka cluster"):
+        LocalStack(infra.model_copy(update={"secure": True}))
 
 
 def test_the_brokers_ports_are_checked_with_every_other_port(tmp_path: Path) -> None:
