@@ -81,7 +81,7 @@ def test_a_users_loop_runs_in_each_rank_under_torchrun(
          "--out", str(tmp_path / "out"), "--device", "cpu"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    # A rank's failure is a JSON line on stdout (the reason and traceback); torchrun's own on stderr.
+    # A rank's failure is a JSON line on stdout (reason, traceback); torchrun's on stderr.
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1500:]
     events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [e["step"] for e in events if e["event"] == "epoch"] == [1, 2, 3]
