@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from compose import demo, models, predict, study
+from compose.settings import apply_infra_flags
 from shared.errors import AistackError
 from shared.settings import load_settings
 
@@ -22,7 +22,7 @@ def _infra(args: argparse.Namespace) -> int:
     from compose.settings import InfraSettings
     from svc_transform import jars as transform_jars
 
-    _apply_brokers(args)
+    apply_infra_flags(args)
     settings = load_settings(InfraSettings)
     if args.action == "fetch":
         cache = settings.common.cache_dir
@@ -56,15 +56,6 @@ def _infra(args: argparse.Namespace) -> int:
     return 0
 
 
-def _apply_brokers(args: argparse.Namespace) -> None:
-    """``--brokers N`` is ``AISTACK_INFRA_BROKERS=N`` and ``--secure``
-    ``AISTACK_INFRA_SECURE=true``, for this command and what it starts."""
-    if getattr(args, "brokers", None) is not None:
-        os.environ["AISTACK_INFRA_BROKERS"] = str(args.brokers)
-    if getattr(args, "secure", None):
-        os.environ["AISTACK_INFRA_SECURE"] = "true"
-
-
 def _stack_line(status: ServiceStatus) -> str:
     pid = str(status.pid) if status.pid is not None else "-"
     return (
@@ -85,7 +76,7 @@ def _stack(args: argparse.Namespace) -> int:
     from compose.settings import StackSettings
     from compose.stack import ServiceStack
 
-    _apply_brokers(args)
+    apply_infra_flags(args)
     stack = ServiceStack(load_settings(StackSettings))
     if args.command == "up":
         services = len(stack.names) - len(stack.infra.names)
@@ -98,6 +89,22 @@ def _stack(args: argparse.Namespace) -> int:
     _print_stack(statuses)
     if args.command == "status":
         return 0 if all(s.state == "running" for s in statuses) else 3
+    return 0
+
+
+def _env(args: argparse.Namespace) -> int:
+    """``export`` lines for a shell on the user's side of the stack: where
+    everything is and, in secure mode, the client's credentials and tokens."""
+    import shlex
+
+    from compose.settings import StackSettings
+    from compose.stack import ServiceStack
+
+    stack = ServiceStack(load_settings(StackSettings))
+    if stack.secure and not stack.infra.material.credentials.exists():
+        raise AistackError("the secure stack has no credentials yet: run `aistack up` first")
+    for key, value in stack.client_env().items():
+        print(f"export {key}={shlex.quote(value)}")
     return 0
 
 
@@ -191,6 +198,10 @@ def _lineage(args: argparse.Namespace) -> int:
     return 0
 
 
+SECURE_HELP = (
+    "Kafka over TLS with SCRAM and ACLs, Redis over TLS with ACL users, the gRPC servers "
+    "with TLS and a token (AISTACK_INFRA_SECURE); fixed when the state's cluster is formatted"
+)
 BROKERS_HELP = (
     "Kafka brokers on this machine (AISTACK_INFRA_BROKERS; 3: replication factor 3, "
     "two in sync); fixed when the state's cluster is first formatted"
@@ -205,13 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     infra = commands.add_parser("infra", help="the local Kafka (KRaft) and Redis servers")
     infra.add_argument("action", choices=["up", "down", "status", "fetch"])
     infra.add_argument("--brokers", type=int, choices=range(1, 10), help=BROKERS_HELP)
-    infra.add_argument(
-        "--secure",
-        action="store_true",
-        default=None,
-        help="Kafka over TLS with SCRAM and ACLs, Redis over TLS with ACL users "
-        "(AISTACK_INFRA_SECURE); fixed when the state's cluster is first formatted",
-    )
+    infra.add_argument("--secure", action="store_true", default=None, help=SECURE_HELP)
     infra.set_defaults(run=_infra)
     for command, help_text in (
         ("up", "start Kafka, Redis and every service as local processes; wait until ready"),
@@ -224,6 +229,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack_command.add_argument(
                 "--brokers", type=int, choices=range(1, 10), help=BROKERS_HELP
             )
+            stack_command.add_argument(
+                "--secure", action="store_true", default=None, help=SECURE_HELP
+            )
+    commands.add_parser(
+        "env",
+        help='export lines for the user\'s side of the stack (`eval "$(aistack env)"`): '
+        "where it is and, in secure mode, the client's credentials",
+    ).set_defaults(run=_env)
     logs = commands.add_parser("logs", help="the last lines of a service's log, or of all")
     logs.add_argument("service", nargs="?", help="kafka, redis, svc_… (default: every one)")
     logs.add_argument(

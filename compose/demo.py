@@ -31,7 +31,7 @@ from compose.demo_console import Console, ProgressOut, ServiceDied, Summary
 from compose.demo_events import EventsStep
 from compose.demo_loop import LoopStep
 from compose.demo_serving import ServingStep
-from compose.settings import StackSettings
+from compose.settings import StackSettings, apply_infra_flags
 from compose.stack import ServiceStack, ServiceStatus
 from shared.settings import KafkaSettings, load_settings
 
@@ -46,6 +46,12 @@ def add_parser(commands: Any) -> None:
         "demo", help="run the whole stack end to end (events → features → tuning → serving)"
     )
     demo.add_argument("--keep", action="store_true", help="leave the stack running at the end")
+    demo.add_argument(
+        "--secure",
+        action="store_true",
+        default=None,
+        help="run it in secure mode (AISTACK_INFRA_SECURE; see aistack up --secure)",
+    )
     demo.add_argument("--sensor-events", type=int, default=16_000, help="sensor readings to send")
     demo.add_argument("--weblog-events", type=int, default=4_000, help="web log lines to send")
     demo.add_argument("--trials", type=int, default=64, help="trials of the digits study")
@@ -56,6 +62,7 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    apply_infra_flags(args)
     stack = ServiceStack(load_settings(StackSettings))
     console = Console(sys.stdout)
     demo = Demo(stack, console, args)
@@ -222,10 +229,9 @@ class Demo:
         """Watch an existing study's trials until it ends; its outcome."""
         from compose.study import watch as watch_study
         from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
-        from shared.rpc.client import open_channel
 
         async def watching() -> None:
-            async with open_channel(self.stack.tuner_target) as channel:
+            async with self.stack.tuner().open() as channel:
                 stub = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
                 out = cast(TextIO, ProgressOut(self.console))
                 task = asyncio.ensure_future(watch_study(stub, study_id, out))
@@ -250,11 +256,9 @@ class Demo:
         return StudyOutcome(study_id, dict(study.trial_counts), best, study.spec.objective.metric)
 
     def _tuner(self, call: Callable[[Any], T]) -> T:
-        import grpc
-
         from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 
-        with grpc.insecure_channel(self.stack.tuner_target) as channel:
+        with self.stack.tuner().open_sync() as channel:
             return call(TunerServiceStub(channel))  # type: ignore[no-untyped-call]
 
     def _study_summary(self, label: str, outcome: StudyOutcome) -> None:
@@ -324,9 +328,7 @@ class Demo:
             ) from None
 
     def _kafka(self) -> KafkaSettings:
-        return load_settings(KafkaSettings).model_copy(
-            update={"bootstrap": self.stack.kafka_bootstrap}
-        )
+        return self.stack.client_kafka()
 
 
 def _pruner_name(spec: Any) -> str:

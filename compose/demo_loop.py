@@ -232,9 +232,8 @@ class LoopStep:
         from shared.contracts.inference import grpc_predict_v2_pb2 as pb
         from shared.contracts.inference import grpc_predict_v2_pb2_grpc as pb_grpc
         from shared.redis_client import make_redis
-        from shared.settings import RedisSettings
 
-        redis = make_redis(RedisSettings(url=self.stack.redis_url))
+        redis = make_redis(self.stack.client_redis())
         try:
             entity, _ = an_entity(redis, FORECAST_FEATURE)
         finally:
@@ -245,7 +244,7 @@ class LoopStep:
         request.parameters["entity_id"].string_param = entity
         request.parameters["feature"].string_param = FORECAST_FEATURE
         served: dict[str, str] = {}
-        with grpc.insecure_channel(self.stack.model_target) as channel:
+        with self.stack.model().open_sync() as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
 
             def serving() -> str | None:

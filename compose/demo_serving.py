@@ -32,11 +32,10 @@ class ServingStep:
         self.console.step(6, "the best model, served: predictions over gRPC")
         if digits.best is None:
             raise ServiceDied("the digits study completed no trial: nothing to serve")
-        import grpc
 
         from shared.contracts.inference import grpc_predict_v2_pb2_grpc as pb_grpc
 
-        with grpc.insecure_channel(self.stack.model_target) as channel:
+        with self.stack.model().open_sync() as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
             self._predict_digits(stub, digits)
             if forecast.best is not None:
@@ -90,10 +89,9 @@ class ServingStep:
         from shared.contracts.inference import grpc_predict_v2_pb2 as pb
         from shared.feature_store import decode_window
         from shared.redis_client import make_redis
-        from shared.settings import RedisSettings
 
         name = forecast.best.model_name
-        redis = make_redis(RedisSettings(url=self.stack.redis_url))
+        redis = make_redis(self.stack.client_redis())
         try:
             entity, window = an_entity(redis, FORECAST_FEATURE)
         finally:

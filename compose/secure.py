@@ -1,8 +1,9 @@
 """Secure mode's material, generated into the state directory on first start.
 
 A certificate authority, one certificate for the servers (Kafka's brokers
-and controllers, Redis), and one password per principal: Kafka's SCRAM
-users and Redis's ACL users share the names in :data:`PRINCIPALS`. Made by
+and controllers, Redis, the gRPC servers), one password per principal
+(Kafka's SCRAM users and Redis's ACL users share the names in
+:data:`PRINCIPALS`), and the gRPC servers' bearer tokens. Made by
 the ``cryptography`` library, never by shelling out to openssl; never into
 the checkout. Keys and passwords are readable by their owner only.
 
@@ -45,6 +46,9 @@ PRINCIPALS: tuple[str, ...] = (
     "client",
 )
 
+#: The gRPC servers whose callers must send a bearer token in secure mode.
+TOKEN_HOLDERS: tuple[str, ...] = ("svc_tuner", "svc_model")
+
 #: The servers' certificate's subject; a controller listener requires it of
 #: the brokers that connect (mutual TLS), and Kafka names it ``User:CN=…``.
 SERVER_COMMON_NAME = "aistack-broker"
@@ -84,6 +88,15 @@ class SecureMaterial:
     @property
     def credentials(self) -> Path:
         return self.directory / "credentials.json"
+
+    @property
+    def tokens(self) -> Path:
+        return self.directory / "tokens.json"
+
+    def token(self, server: str) -> SecretStr:
+        """The bearer token of ``server`` (one of ``TOKEN_HOLDERS``)."""
+        stored: dict[str, str] = json.loads(self.tokens.read_text())
+        return SecretStr(stored[server])
 
     def password(self, principal: str) -> SecretStr:
         """``principal``'s password; KeyError for a name not in ``PRINCIPALS``."""
@@ -193,14 +206,17 @@ def _general_name(name: str) -> x509.GeneralName:
 
 
 def _ensure_passwords(material: SecureMaterial) -> None:
-    stored: dict[str, str] = (
-        json.loads(material.credentials.read_text()) if material.credentials.exists() else {}
-    )
-    missing = [name for name in PRINCIPALS if name not in stored]
-    if missing or not material.credentials.exists():
+    _ensure_secrets(material.credentials, PRINCIPALS)
+    _ensure_secrets(material.tokens, TOKEN_HOLDERS)
+
+
+def _ensure_secrets(path: Path, names: Iterable[str]) -> None:
+    stored: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    missing = [name for name in names if name not in stored]
+    if missing or not path.exists():
         # URL-safe characters only: they go into JAAS lines and Redis URLs as they are.
         stored.update({name: secrets.token_urlsafe(24) for name in missing})
-        write_private(material.credentials, json.dumps(stored, indent=2).encode())
+        write_private(path, json.dumps(stored, indent=2).encode())
 
 
 def _key_bytes(key: ec.EllipticCurvePrivateKey) -> bytes:

@@ -6,12 +6,21 @@ study``). The only module of ``compose`` that reads the environment.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.settings import CommonSettings
+
+
+def apply_infra_flags(args: Any) -> None:
+    """A command's ``--brokers N`` is ``AISTACK_INFRA_BROKERS=N`` and its
+    ``--secure`` ``AISTACK_INFRA_SECURE=true``, for the command and all it starts."""
+    if getattr(args, "brokers", None) is not None:
+        os.environ["AISTACK_INFRA_BROKERS"] = str(args.brokers)
+    if getattr(args, "secure", None):
+        os.environ["AISTACK_INFRA_SECURE"] = "true"
 
 
 def inherited_environment() -> dict[str, str]:

@@ -30,6 +30,7 @@ from compose.processes import (
     port_open,
     port_taken,
 )
+from compose.secure import ADMIN
 from compose.settings import (
     TRAINER_METRICS_PORT_STEP,
     PortUse,
@@ -37,7 +38,8 @@ from compose.settings import (
     inherited_environment,
 )
 from shared.errors import NotFound
-from shared.settings import KafkaSettings, load_settings
+from shared.rpc.client import Endpoint
+from shared.settings import KafkaSettings, RedisSettings, load_settings
 
 #: The directory holding pyproject.toml: services run from here so that
 #: ``python -m svc_…`` finds the project's packages.
@@ -71,6 +73,8 @@ class _Service(ManagedProcess):
     ready_port: int
     # Variables this service gets on top of the common ones.
     env: tuple[tuple[str, str], ...]
+    # Its Kafka principal and Redis user in secure mode (replicas share one).
+    principal: str
 
 
 class ServiceStack:
@@ -91,6 +95,7 @@ class ServiceStack:
             ready: tuple[str, int],
             **env: str,
         ) -> _Service:
+            principal = module  # svc_trainer-2 is svc_trainer
             return _Service(
                 name,
                 # What tells our process from a stranger that reused its pid.
@@ -102,6 +107,7 @@ class ServiceStack:
                 ready[0],
                 ready[1],
                 tuple(env.items()),
+                principal,
             )
 
         # Metrics listen on AISTACK_METRICS_HOST: loopback, or 0.0.0.0, which holds it too.
@@ -211,19 +217,19 @@ class ServiceStack:
         again.
         """
         self._check_ports()
-        kafka = self._kafka_settings()  # a bad AISTACK_KAFKA_* fails before anything starts
+        self._kafka_settings()  # a bad AISTACK_KAFKA_* fails before anything starts
         self.root.mkdir(parents=True, exist_ok=True)
         infra_before = {name: self._infra_pid(name) is not None for name in self.infra.names}
         started: list[_Service] = []
         try:
             self.infra.up()
-            self._prepare_topics(kafka)
-            env = self._common_env()
+            # In secure mode topics are the admin's to create.
+            self._prepare_topics(self._kafka_as(ADMIN))
             for svc in self._services.values():
                 if svc.pid() is None:
                     self._supervisor.kill_leftovers(svc)
                     self._supervisor.spawn(
-                        svc, self._command(svc), cwd=PROJECT_ROOT, env={**env, **dict(svc.env)}
+                        svc, self._command(svc), cwd=PROJECT_ROOT, env=self.service_env(svc.name)
                     )
                     started.append(svc)
             self._wait_ready(list(self._services.values()), progress)
@@ -269,7 +275,7 @@ class ServiceStack:
             svc,
             self._command(svc),
             cwd=PROJECT_ROOT,
-            env={**self._common_env(), **dict(svc.env), **(env or {})},
+            env={**self.service_env(name), **(env or {})},
         )
         self._wait_ready([svc], None)
         return self._status(name)
@@ -290,7 +296,85 @@ class ServiceStack:
         process's, plus where Kafka, Redis and the state live, plus its ports.
         Raises NotFound for a name that is not a service."""
         svc = self._service(name)
-        return {**self._common_env(), **dict(svc.env)}
+        return {**self._common_env(), **dict(svc.env), **self._security_env(svc)}
+
+    @property
+    def secure(self) -> bool:
+        return self.infra.secure
+
+    def client_kafka(self) -> KafkaSettings:
+        """How the user's side (the CLI, the demo, tests) reaches this
+        stack's Kafka: as ``client`` in secure mode."""
+        return self._kafka_as("client")
+
+    def client_redis(self) -> RedisSettings:
+        """How the user's side reads this stack's Redis: as ``client`` in secure mode."""
+        return self.infra.redis_settings("client")
+
+    def tuner(self) -> Endpoint:
+        """svc_tuner's gRPC endpoint, with the CA and token secure mode needs."""
+        return self._endpoint(self.tuner_target, "svc_tuner")
+
+    def model(self) -> Endpoint:
+        """svc_model's gRPC endpoint, with the CA and token secure mode needs."""
+        return self._endpoint(self.model_target, "svc_model")
+
+    def client_env(self) -> dict[str, str]:
+        """The environment of a process on the user's side of this stack (the
+        CLI, ``aistack.Client``): where everything is and, in secure mode, the
+        ``client`` principal's credentials, the CA and the gRPC tokens."""
+        env = {
+            **self.infra.client_env("client"),
+            "AISTACK_TUNER_TARGET": self.tuner_target,
+            "AISTACK_MODEL_TARGET": self.model_target,
+        }
+        if self.secure:
+            for prefix, endpoint in (("TUNER", self.tuner()), ("MODEL", self.model())):
+                env[f"AISTACK_{prefix}_TLS_CA_FILE"] = str(endpoint.tls_ca_file)
+                env[f"AISTACK_{prefix}_AUTH_TOKEN"] = endpoint.token or ""
+        return env
+
+    def _kafka_as(self, principal: str) -> KafkaSettings:
+        """The services' Kafka settings (partitions, replication) with
+        ``principal``'s connection in secure mode."""
+        kafka = self._kafka_settings()
+        if not self.secure:
+            return kafka
+        own = self.infra.kafka_settings(principal)
+        fields = (
+            "security_protocol",
+            "sasl_mechanism",
+            "sasl_username",
+            "sasl_password",
+            "ssl_cafile",
+            "client_id",
+        )
+        return kafka.model_copy(update={field: getattr(own, field) for field in fields})
+
+    def _endpoint(self, target: str, server: str) -> Endpoint:
+        if not self.secure:
+            return Endpoint(target)
+        material = self.infra.material
+        return Endpoint(target, material.ca_cert, material.token(server).get_secret_value())
+
+    def _security_env(self, svc: _Service) -> dict[str, str]:
+        """In secure mode: the service's own principal for Kafka and Redis and,
+        for a gRPC server, the stack's certificate and its token."""
+        if not self.secure:
+            return {}
+        defaults = self.infra.topic_defaults()
+        env = {
+            key: value
+            for key, value in self.infra.client_env(svc.principal).items()
+            if key not in defaults  # the replication is _replication_env's to say
+        }
+        material = self.infra.material
+        prefix = {"svc_tuner": "AISTACK_TUNER_", "svc_model": "AISTACK_MODEL_"}.get(svc.principal)
+        if prefix is not None:
+            env[f"{prefix}TLS_CERT_FILE"] = str(material.server_cert)
+            env[f"{prefix}TLS_KEY_FILE"] = str(material.server_key)
+            env[f"{prefix}AUTH_TOKEN"] = material.token(svc.principal).get_secret_value()
+        return env
 
     def _kafka_settings(self) -> KafkaSettings:
         # The services' own AISTACK_KAFKA_* (partitions, security) pass through

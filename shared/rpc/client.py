@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,18 @@ def open_sync_channel(
     if token:
         return grpc.intercept_channel(channel, _SyncBearerToken(token))
     return channel
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a gRPC server answers and how to reach it: its CA (TLS) and token."""
+
+    target: str
+    tls_ca_file: Path | None = None
+    token: str | None = None
+
+    def open(self) -> grpc.aio.Channel:
+        return open_channel(self.target, tls_ca_file=self.tls_ca_file, token=self.token)
+
+    def open_sync(self) -> grpc.Channel:
+        return open_sync_channel(self.target, tls_ca_file=self.tls_ca_file, token=self.token)

@@ -1,7 +1,9 @@
-"""The whole flow on the real stack: a raw event from a plain Kafka client to
-the clean topic, the windows, the offline and online stores; a small study
-through the trainers; its best model served; a prediction over gRPC; and a
-prediction by entity traced back to the raw offset under it."""
+"""The whole flow on the real stack, in secure mode (``aistack up --secure``:
+every service its own Kafka principal and Redis user under ACLs, TLS
+everywhere, the gRPC servers with a token): a raw event from a plain Kafka
+client to the clean topic, the windows, the offline and online stores; a
+small study through the trainers; its best model served; a prediction over
+gRPC; and a prediction by entity traced back to the raw offset under it."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from typing import Any, TypeVar, cast
 import grpc
 import numpy as np
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 
 from aistack.studies import load_spec
 from compose.stack import ServiceStack
@@ -30,7 +33,8 @@ from shared.contracts.inference import grpc_predict_v2_pb2_grpc as pb_grpc
 from shared.errors import NotFound
 from shared.feature_store import ONLINE_KEY_PREFIX, decode_window, online_key
 from shared.redis_client import make_redis
-from shared.settings import KafkaSettings, RedisSettings
+from shared.rpc.client import open_sync_channel
+from shared.settings import KafkaSettings
 from svc_trainer.data import load
 from tests.integration.test_stack import settings_on_free_ports
 
@@ -61,7 +65,9 @@ seed: 3
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
-    running = ServiceStack(settings_on_free_ports(tmp_path_factory.mktemp("e2e-state")))
+    settings = settings_on_free_ports(tmp_path_factory.mktemp("e2e-state"))
+    secure = settings.infra.model_copy(update={"secure": True})
+    running = ServiceStack(settings.model_copy(update={"infra": secure}))
     try:
         running.up()
         yield running
@@ -140,14 +146,14 @@ def test_a_prediction_by_entity_is_traced_to_the_raw_offset_under_it(
     from aistack.lineage import trace
     from aistack.settings import LineageSettings
 
-    kafka = KafkaSettings(bootstrap=stack.kafka_bootstrap)
+    kafka = stack.client_kafka()
     run = uuid.uuid4().hex[:6]
     entities = [f"lineage-{run}-{i}" for i in range(2)]
     traced = entities[0]
     # All before the next test's reading (5 minutes before its start): this
     # test runs first, and its watermark must not make that reading late.
     start = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=MINUTES + 9)
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap})
+    producer = Producer(kafka.client_config())
     positions: dict[str, tuple[int, int]] = {}
 
     def delivered(error: Any, record: Any) -> None:
@@ -213,7 +219,7 @@ def test_a_prediction_by_entity_is_traced_to_the_raw_offset_under_it(
     assert eventually("the traced window in the offline store", stored, 120, stack) >= MINUTES
 
     spec = load_spec(FORECAST.format(run=run))
-    with grpc.insecure_channel(stack.tuner_target) as channel:
+    with stack.tuner().open_sync() as channel:
         tuner = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
         study_id = tuner.CreateStudy(api.CreateStudyRequest(spec=spec)).study.study_id
 
@@ -225,7 +231,7 @@ def test_a_prediction_by_entity_is_traced_to_the_raw_offset_under_it(
     assert study.state == api.STUDY_STATE_COMPLETED, study
     best = study.best_trial
 
-    with grpc.insecure_channel(stack.model_target) as channel:
+    with stack.model().open_sync() as channel:
         model = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
 
         refusals: list[str] = []
@@ -277,12 +283,20 @@ def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def test_a_raw_event_becomes_features_and_a_study_becomes_a_served_model(
     stack: ServiceStack, tmp_path: Path
 ) -> None:
-    kafka = KafkaSettings(bootstrap=stack.kafka_bootstrap)
+    kafka = stack.client_kafka()
     entity = f"e2e-{uuid.uuid4().hex[:8]}"
     now = datetime.now(UTC)
 
+    # Nothing answers in the clear.
+    with pytest.raises(KafkaException):
+        AdminClient({"bootstrap.servers": stack.kafka_bootstrap}).list_topics(timeout=3)
+    with pytest.raises(grpc.RpcError) as untokened:
+        with open_sync_channel(stack.tuner_target, tls_ca_file=stack.tuner().tls_ca_file) as bare:
+            TunerServiceStub(bare).GetStudy(api.GetStudyRequest(study_id="none"), timeout=10)  # type: ignore[no-untyped-call]
+    assert untokened.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
     # A device that knows nothing of aistack: JSON, by a plain Kafka client.
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap})
+    producer = Producer(kafka.client_config())
     reading: dict[str, Any] = {
         "event_id": str(uuid.uuid4()),
         "device_id": entity,
@@ -321,7 +335,7 @@ def test_a_raw_event_becomes_features_and_a_study_becomes_a_served_model(
     )
     assert window.count == 1 and window.mean == pytest.approx(21.5)
 
-    redis = make_redis(RedisSettings(url=stack.redis_url))
+    redis = make_redis(stack.client_redis())
     try:
         online = eventually(
             "the online store",
@@ -341,7 +355,7 @@ def test_a_raw_event_becomes_features_and_a_study_becomes_a_served_model(
 
     # A small study through the trainers; its best model, served.
     spec = load_spec(STUDY.format(run=uuid.uuid4().hex[:6]))
-    with grpc.insecure_channel(stack.tuner_target) as channel:
+    with stack.tuner().open_sync() as channel:
         tuner = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
         study_id = tuner.CreateStudy(api.CreateStudyRequest(spec=spec)).study.study_id
 
@@ -354,7 +368,7 @@ def test_a_raw_event_becomes_features_and_a_study_becomes_a_served_model(
     assert dict(study.trial_counts) == {"completed": 2}
     best = study.best_trial
     data = load("digits", {}, seed=0)
-    with grpc.insecure_channel(stack.model_target) as channel:
+    with stack.model().open_sync() as channel:
         model = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
 
         def predict(x: np.ndarray) -> pb.ModelInferResponse:

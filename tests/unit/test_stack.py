@@ -533,3 +533,75 @@ def test_the_brokers_ports_are_checked_with_every_other_port(tmp_path: Path) -> 
                 common=infra.common,
             )
         )
+
+
+# ---- secure mode ----
+
+
+def test_in_secure_mode_each_service_runs_as_its_own_principal(tmp_path: Path) -> None:
+    from compose.secure import ensure_material
+
+    settings = stack_settings(tmp_path)
+    infra = settings.infra.model_copy(update={"secure": True})
+    stack = ServiceStack(settings.model_copy(update={"infra": infra}))
+    material = ensure_material(stack.infra.material.directory, ["127.0.0.1"])
+
+    for name in SERVICES:
+        env = stack.service_env(name)
+        principal = name.split("-")[0]  # svc_trainer-2 is svc_trainer
+        assert env["AISTACK_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+        assert env["AISTACK_KAFKA_SASL_USERNAME"] == principal
+        assert env["AISTACK_KAFKA_SASL_PASSWORD"] == material.password(principal).get_secret_value()
+        assert env["AISTACK_KAFKA_SSL_CAFILE"] == str(material.ca_cert)
+        assert env["AISTACK_REDIS_URL"].startswith("rediss://")
+        assert env["AISTACK_REDIS_USERNAME"] == principal
+    for server, prefix in (("svc_tuner", "AISTACK_TUNER_"), ("svc_model", "AISTACK_MODEL_")):
+        env = stack.service_env(server)
+        assert env[f"{prefix}TLS_CERT_FILE"] == str(material.server_cert)
+        assert env[f"{prefix}AUTH_TOKEN"] == material.token(server).get_secret_value()
+    # The user's side: the client principal, the CA and both tokens.
+    client = stack.client_env()
+    assert client["AISTACK_KAFKA_SASL_USERNAME"] == "client"
+    assert client["AISTACK_TUNER_TLS_CA_FILE"] == str(material.ca_cert)
+    assert client["AISTACK_MODEL_AUTH_TOKEN"] == material.token("svc_model").get_secret_value()
+    assert stack.tuner().token == material.token("svc_tuner").get_secret_value()
+    assert stack.client_kafka().sasl_username == "client"
+
+
+def test_a_plain_stack_hands_out_no_credentials(stack: ServiceStack) -> None:
+    env = stack.service_env("svc_tuner")
+    assert "AISTACK_KAFKA_SASL_USERNAME" not in env or env["AISTACK_KAFKA_SASL_USERNAME"] == (
+        os.environ.get("AISTACK_KAFKA_SASL_USERNAME")
+    )
+    assert "AISTACK_TUNER_AUTH_TOKEN" not in env or "AISTACK_TUNER_AUTH_TOKEN" in os.environ
+    assert stack.tuner().tls_ca_file is None and stack.tuner().token is None
+
+
+def test_cli_env_prints_what_the_users_side_needs_and_in_secure_mode_the_client_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shlex
+
+    from compose.local import CLUSTER_FILE
+    from compose.secure import ensure_material
+
+    settings = stack_settings(tmp_path)
+    stack_env(monkeypatch, settings)
+    assert cli.main(["env"]) == 0
+    plain = dict(
+        line.removeprefix("export ").split("=", 1) for line in capsys.readouterr().out.splitlines()
+    )
+    assert plain["AISTACK_KAFKA_BOOTSTRAP"] == f"127.0.0.1:{settings.infra.kafka_port}"
+    assert "AISTACK_KAFKA_SASL_PASSWORD" not in plain
+
+    (tmp_path / "infra").mkdir(exist_ok=True)
+    (tmp_path / "infra" / CLUSTER_FILE).write_text('{"brokers": 1, "secure": true}\n')
+    assert cli.main(["env"]) == 1  # no credentials before the first `aistack up`
+    assert "run `aistack up` first" in capsys.readouterr().err
+    material = ensure_material(tmp_path / "infra" / "secure", ["127.0.0.1"])
+    assert cli.main(["env"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    secure = {k: shlex.split(v)[0] for k, v in (line[7:].split("=", 1) for line in lines)}
+    assert secure["AISTACK_KAFKA_SASL_USERNAME"] == "client"
+    assert secure["AISTACK_KAFKA_SASL_PASSWORD"] == material.password("client").get_secret_value()
+    assert secure["AISTACK_TUNER_AUTH_TOKEN"] == material.token("svc_tuner").get_secret_value()
