@@ -68,6 +68,12 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
             presented = presented.encode()
         if hmac.compare_digest(presented, self._expected):
             return await continuation(details)
+        # What the operator reads; the token itself, right or wrong, never.
+        log.warning(
+            "rpc.unauthenticated",
+            method=details.method,
+            why="a wrong bearer token" if presented else "no bearer token",
+        )
         handler = await continuation(details)
         return _refusing(handler, "missing or wrong bearer token")
 

@@ -89,11 +89,20 @@ def test_call_without_token_is_refused_and_with_it_passes() -> None:
             answer = await _call(authorised, b"hi")
         return refused.value.code(), answer, wrong_token.value.code(), health.status
 
-    code, answer, wrong_code, health = run(
-        ServerOptions(address="127.0.0.1:0", auth_token="s3cret"), client
-    )
+    with capture_logs() as logged:
+        code, answer, wrong_code, health = run(
+            ServerOptions(address="127.0.0.1:0", auth_token="s3cret"), client
+        )
     assert code == grpc.StatusCode.UNAUTHENTICATED
     assert wrong_code == grpc.StatusCode.UNAUTHENTICATED
+    # The server says why, and shows no token.
+    refusals = [e for e in logged if e["event"] == "rpc.unauthenticated"]
+    assert [(e["log_level"], e["why"]) for e in refusals] == [
+        ("warning", "no bearer token"),
+        ("warning", "a wrong bearer token"),
+    ]
+    assert all(e["method"] == ECHO for e in refusals), refusals
+    assert "wrong" not in str(refusals).replace("a wrong bearer token", "")
     assert answer == b"echo:hi"
     assert health == health_pb2.HealthCheckResponse.SERVING
 
