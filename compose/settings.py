@@ -6,6 +6,7 @@ study``). The only module of ``compose`` that reads the environment.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from pydantic import Field, model_validator
@@ -114,6 +115,42 @@ class StackSettings(BaseSettings):
                     f"({other.setting}) and {use.service} {use.role} ({use.setting})"
                 )
         return self
+
+    @classmethod
+    def on_free_ports(cls, state_dir: Path, *, trainers: int = 2) -> StackSettings:
+        """A stack of ``trainers`` replicas whose every port was free a
+        moment ago, its state in ``state_dir`` (the cache dir stays the
+        default: Kafka's jars and Spark's connectors are fetched there once).
+        For a stack beside the developer's: tests, benchmarks."""
+        from compose.processes import port_taken
+        from shared.ports import free_ports
+
+        ports = free_ports(11)
+        trainer_base = ports[8]
+        # Every replica's port must be free, and none of the others.
+        steps = [TRAINER_METRICS_PORT_STEP * i for i in range(1, trainers)]
+        while any(
+            port_taken("0.0.0.0", trainer_base + step) or trainer_base + step in ports
+            for step in steps
+        ):
+            (trainer_base,) = free_ports(1)
+        return cls(
+            infra=InfraSettings(
+                kafka_port=ports[0],
+                kafka_controller_port=ports[1],
+                redis_port=ports[2],
+                common=CommonSettings(state_dir=state_dir),
+            ),
+            tuner_port=ports[3],
+            model_port=ports[4],
+            ingest_metrics_port=ports[5],
+            transform_metrics_port=ports[6],
+            tuner_metrics_port=ports[7],
+            trainer_metrics_port=trainer_base,
+            model_metrics_port=ports[9],
+            monitor_metrics_port=ports[10],
+            trainers=trainers,
+        )
 
     def threads_per_trainer(self) -> int:
         if self.trainer_threads:

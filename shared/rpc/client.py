@@ -12,12 +12,7 @@ import grpc
 from shared.errors import ConfigError
 
 
-class _BearerToken(
-    grpc.aio.UnaryUnaryClientInterceptor,
-    grpc.aio.UnaryStreamClientInterceptor,
-    grpc.aio.StreamUnaryClientInterceptor,
-    grpc.aio.StreamStreamClientInterceptor,
-):
+class _BearerToken:
     # An interceptor rather than call credentials: those need TLS, and a
     # token on a plaintext loopback channel is still wanted in tests and demos.
     def __init__(self, token: str) -> None:
@@ -30,25 +25,41 @@ class _BearerToken(
             details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
         )
 
+
+class _UnaryUnaryToken(_BearerToken, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(
         self, continuation: Callable[..., Any], details: Any, request: Any
     ) -> Any:
         return await continuation(self._with_token(details), request)
 
+
+class _UnaryStreamToken(_BearerToken, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(
         self, continuation: Callable[..., Any], details: Any, request: Any
     ) -> Any:
         return await continuation(self._with_token(details), request)
 
+
+class _StreamUnaryToken(_BearerToken, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(
         self, continuation: Callable[..., Any], details: Any, requests: Any
     ) -> Any:
         return await continuation(self._with_token(details), requests)
 
+
+class _StreamStreamToken(_BearerToken, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(
         self, continuation: Callable[..., Any], details: Any, requests: Any
     ) -> Any:
         return await continuation(self._with_token(details), requests)
+
+
+def _token_interceptors(token: str) -> list[Any]:
+    """One interceptor per kind of call: grpc.aio files an interceptor under
+    the first kind it implements only (an ``elif`` chain), so one object for
+    all four would send the token on unary-unary calls alone."""
+    kinds = (_UnaryUnaryToken, _UnaryStreamToken, _StreamUnaryToken, _StreamStreamToken)
+    return [kind(token) for kind in kinds]
 
 
 def open_channel(
@@ -70,7 +81,7 @@ def open_channel(
     ]
     if tls_server_name:
         options.append(("grpc.ssl_target_name_override", tls_server_name))
-    interceptors = [_BearerToken(token)] if token else None
+    interceptors = _token_interceptors(token) if token else None
     if tls_ca_file is None:
         return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
     credentials = _credentials(tls_ca_file, tls_cert_file, tls_key_file)

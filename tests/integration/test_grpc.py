@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +38,18 @@ async def _say(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
     return b"echo:" + request
 
 
+async def _count(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    for i in range(3):
+        yield request + str(i).encode()
+
+
 def _register(server: grpc.aio.Server) -> None:
     handler = grpc.method_handlers_generic_handler(
-        "aistack.test.Echo", {"Say": grpc.unary_unary_rpc_method_handler(_say)}
+        "aistack.test.Echo",
+        {
+            "Say": grpc.unary_unary_rpc_method_handler(_say),
+            "Count": grpc.unary_stream_rpc_method_handler(_count),
+        },
     )
     server.add_generic_rpc_handlers((handler,))
 
@@ -173,6 +182,24 @@ def _make_certificates(directory: Path, ca: str = "aistack test CA") -> tuple[Pa
         )
     )
     return ca_file, cert_file, key_file
+
+
+def test_a_streaming_call_carries_the_token_on_both_kinds_of_channel() -> None:
+    """grpc.aio files a client interceptor under the first kind of call it
+    implements: the token once reached unary-unary calls only, and a watched
+    study (a server stream) was refused."""
+
+    async def client(target: str) -> tuple[list[bytes], list[bytes]]:
+        async with open_channel(target, token="s3cret") as channel:
+            streamed = [m async for m in channel.unary_stream("/aistack.test.Echo/Count")(b"a")]
+        with open_sync_channel(target, token="s3cret") as sync_channel:
+            count = sync_channel.unary_stream("/aistack.test.Echo/Count")
+            synced = list(await asyncio.to_thread(lambda: list(count(b"b", timeout=10))))
+        return streamed, synced
+
+    streamed, synced = run(ServerOptions(address="127.0.0.1:0", auth_token="s3cret"), client)
+    assert streamed == [b"a0", b"a1", b"a2"]
+    assert synced == [b"b0", b"b1", b"b2"]
 
 
 def test_tls_with_a_generated_certificate(tmp_path: Path) -> None:

@@ -15,12 +15,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from compose.processes import group_members, port_taken
-from compose.settings import InfraSettings, StackSettings
+from compose.processes import group_members
+from compose.settings import StackSettings
 from compose.stack import ServiceStack, ServiceStatus
 from shared.errors import Unavailable
-from shared.ports import free_ports
-from shared.settings import CommonSettings
 from tests.infra import wait_until
 
 pytestmark = pytest.mark.integration
@@ -37,30 +35,7 @@ SERVICES = [
 
 
 def settings_on_free_ports(state_dir: Path) -> StackSettings:
-    ports = free_ports(11)
-    trainer_base = ports[8]
-    # The second replica's port must be free and none of the others.
-    while port_taken("0.0.0.0", trainer_base + 10) or trainer_base + 10 in ports:
-        (trainer_base,) = free_ports(1)
-    return StackSettings(
-        infra=InfraSettings(
-            kafka_port=ports[0],
-            kafka_controller_port=ports[1],
-            redis_port=ports[2],
-            # The cache dir stays the default: Kafka's jars and Spark's
-            # connectors are fetched there once.
-            common=CommonSettings(state_dir=state_dir),
-        ),
-        tuner_port=ports[3],
-        model_port=ports[4],
-        ingest_metrics_port=ports[5],
-        transform_metrics_port=ports[6],
-        tuner_metrics_port=ports[7],
-        trainer_metrics_port=trainer_base,
-        model_metrics_port=ports[9],
-        monitor_metrics_port=ports[10],
-        trainers=2,
-    )
+    return StackSettings.on_free_ports(state_dir)
 
 
 def cli_env(settings: StackSettings) -> dict[str, str]:
