@@ -115,15 +115,28 @@ class Repository:
         model.failed.pop(served.version, None)
         model.loaded[served.version] = served
         previous = model.champion
-        top = serving((s.event for s in model.loaded.values()), self.policy)
-        assert top is not None  # served itself is loaded
-        model.champion = model.loaded[version_number(top.version)]
+        model.champion = self._champion_of(model)
         promoted = model.champion is not previous
         keep = set(sorted(model.loaded)[-self.keep :])
         if model.champion is not None:
             keep.add(model.champion.version)
         evicted = tuple(model.loaded.pop(v) for v in sorted(model.loaded) if v not in keep)
         return Change(promoted=promoted, evicted=evicted)
+
+    def _champion_of(self, model: _Model) -> Served:
+        """The rule's pick over every version seen (not only those loaded: a
+        re-tune's versions are judged against the baseline they name even
+        after it is evicted), once that pick is loaded; until then the
+        champion stays. A version that failed to load is never picked."""
+        usable = [event for version, event in model.known.items() if version not in model.failed]
+        pick = serving(usable, self.policy)
+        if pick is not None and version_number(pick.version) in model.loaded:
+            return model.loaded[version_number(pick.version)]
+        if model.champion is not None and model.champion.version in model.loaded:
+            return model.champion
+        top = serving((s.event for s in model.loaded.values()), self.policy)
+        assert top is not None  # the version just installed is loaded
+        return model.loaded[version_number(top.version)]
 
     def failed(self, name: str, version: str, reason: str) -> None:
         model = self._models.setdefault(name, _Model())

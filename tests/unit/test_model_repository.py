@@ -154,3 +154,42 @@ def test_a_challenger_loaded_before_its_baseline_is_judged_again_when_that_loads
     change = repository.install(served(ready(2, 0.1)))
     assert change.promoted
     assert repository.champion("m").version == 3  # type: ignore[union-attr]
+
+
+def test_a_retunes_versions_are_judged_against_their_baseline_after_it_is_evicted() -> None:
+    """The demo's re-tune, as svc_model saw it: the baseline (version 3) was
+    evicted once the re-tune's first version beat it, and the champion was
+    then found among the loaded versions alone, where version 4 (judged on
+    the old data) beat every re-tune version; the re-tune's best, version 8,
+    never served."""
+    repository = Repository("champion", keep_versions=2)
+    for event in (ready(1, 0.30), ready(2, 0.25), ready(3, 0.21), ready(4, 0.26)):
+        repository.install(served(event))
+    assert repository.champion("m").version == 3  # type: ignore[union-attr]
+    change = repository.install(served(challenger(5, 0.527, baseline=3, baseline_value=0.637)))
+    assert change.promoted and 3 in [s.version for s in change.evicted]
+
+    assert not repository.install(
+        served(challenger(6, 0.644, baseline=3, baseline_value=0.637))
+    ).promoted
+    assert repository.champion("m").version == 5  # type: ignore[union-attr]
+    assert repository.install(
+        served(challenger(7, 0.402, baseline=3, baseline_value=0.637))
+    ).promoted
+    assert repository.install(
+        served(challenger(8, 0.365, baseline=3, baseline_value=0.637))
+    ).promoted
+    assert repository.champion("m").version == 8  # type: ignore[union-attr]
+    # A restarted server's replay picks the same.
+    assert 8 in wanted(repository.known("m"), "champion", keep=1)
+
+
+def test_the_rules_pick_serves_once_loaded_and_a_failed_one_never() -> None:
+    repository = Repository("champion", keep_versions=3)
+    repository.install(served(ready(1, 0.3)))
+    repository.know(ready(2, 0.1))  # seen, still loading
+    assert not repository.install(served(ready(3, 0.2))).promoted  # 2 is the pick, not loaded
+    assert repository.champion("m").version == 1  # type: ignore[union-attr]
+    repository.failed("m", "2", "no such file")
+    assert repository.install(served(ready(4, 0.25))).promoted
+    assert repository.champion("m").version == 3  # type: ignore[union-attr]
