@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from shared.bus.topics import TOPICS, ensure_topics
@@ -67,8 +68,19 @@ def test_aistacks_topics_get_three_replicas_two_in_sync_by_the_clusters_settings
         f"not three in sync everywhere: {replicas_and_in_sync(admin, names)}",
     )
     resources = [ConfigResource(ConfigResource.Type.TOPIC, name) for name in names]
+    # The broker asked may still answer "unknown topic" a moment longer.
+    wait_until(lambda: all_described(admin, resources), 30, "the topics' configs not described")
     for future in admin.describe_configs(resources).values():
         assert future.result(timeout=30)["min.insync.replicas"].value == "2"
+
+
+def all_described(admin: AdminClient, resources: list[ConfigResource]) -> bool:
+    try:
+        for future in admin.describe_configs(resources).values():
+            future.result(timeout=30)
+    except KafkaException:
+        return False
+    return True
 
 
 def test_a_broker_killed_mid_flow_loses_nothing_doubles_nothing_and_catches_up(
