@@ -11,7 +11,7 @@ from the restart to doing its work again:
 * svc_transform: the first micro-batch that reads the clean topic again
   (``aistack_transform_rows_in_total`` of the new process);
 * svc_tuner: a ``GetStudy`` answered (its studies reloaded from Redis);
-* svc_trainer-1: ready (its metrics answer: it has joined the trials group);
+* svc_trainer-1: ready (its metrics answer);
 * svc_model: serving (it listens once the models topic is replayed);
 * svc_monitor: ready (its metrics answer).
 
@@ -41,6 +41,7 @@ from compose.settings import StackSettings
 from compose.stack import ServiceStack
 from shared.bus.producer import BusProducer
 from shared.bus.topics import EVENTS_CLEAN, EVENTS_RAW
+from shared.metrics import scraped_sum
 
 #: svc_ingest's goal: clean events flow again this long after its restart.
 INGEST_GOAL_SECONDS = 10.0
@@ -160,7 +161,7 @@ def transform(stack: ServiceStack) -> Back:
     since = _restart(stack, "svc_transform")
 
     def reading() -> bool:
-        return _metric_total(port, "aistack_transform_rows_in_total") > 0
+        return scraped_sum(port, "aistack_transform_rows_in_total") > 0
 
     return Back("svc_transform", _until("a micro-batch", reading, since), "first micro-batch")
 
@@ -184,23 +185,6 @@ def tuner(stack: ServiceStack) -> Back:
         return True
 
     return Back("svc_tuner", _until("GetStudy", answers, since), "GetStudy answered")
-
-
-def _metric_total(port: int, name: str) -> float:
-    """``name`` summed over every label set, from a process's /metrics; 0
-    before it answers."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0.0
-    return sum(
-        float(line.split()[-1])
-        for line in text.splitlines()
-        if line.startswith((f"{name} ", f"{name}{{"))
-    )
 
 
 def _metrics_answer(port: int) -> Callable[[], bool]:

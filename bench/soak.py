@@ -22,7 +22,6 @@ import argparse
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +31,7 @@ from bench.harness import print_ratio
 from bench.recovery import SteadyLoad
 from compose.settings import StackSettings
 from compose.stack import ServiceStack
+from shared.metrics import scraped_sum
 
 STUDY = """
 name: soak-digits
@@ -82,19 +82,8 @@ def lag(stack: ServiceStack) -> dict[str, float]:
     """Each service's consumer lag, summed over what it reads."""
     found: dict[str, float] = {}
     for use in stack.settings.ports():
-        if use.role != "metrics":
-            continue
-        try:
-            url = f"http://127.0.0.1:{use.port}/metrics"
-            with urllib.request.urlopen(url, timeout=2) as response:
-                text = response.read().decode()
-        except OSError:
-            continue
-        found[use.service] = sum(
-            float(line.split()[-1])
-            for line in text.splitlines()
-            if line.startswith("aistack_consumer_lag{")
-        )
+        if use.role == "metrics":
+            found[use.service] = scraped_sum(use.port, "aistack_consumer_lag")
     return found
 
 

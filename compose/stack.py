@@ -95,7 +95,6 @@ class ServiceStack:
             ready: tuple[str, int],
             **env: str,
         ) -> _Service:
-            principal = module  # svc_trainer-2 is svc_trainer
             return _Service(
                 name,
                 # What tells our process from a stranger that reused its pid.
@@ -107,7 +106,7 @@ class ServiceStack:
                 ready[0],
                 ready[1],
                 tuple(env.items()),
-                principal,
+                module,  # the principal: svc_trainer-2 is svc_trainer
             )
 
         # Metrics listen on AISTACK_METRICS_HOST: loopback, or 0.0.0.0, which holds it too.

@@ -122,14 +122,10 @@ def local_infra(state_dir: Path, *, brokers: int = 1) -> Iterator[Infra]:
     )
     stack = LocalStack(settings)
     stack.up()
-    replication = {
-        variable.removeprefix("AISTACK_KAFKA_").lower(): int(value)
-        for variable, value in stack.topic_defaults().items()
-    }
     try:
         yield Infra(
             "local",
-            KafkaSettings(bootstrap=stack.kafka_bootstrap, **replication),
+            stack.kafka_settings(),
             RedisSettings(url=stack.redis_url),
             local_stack=stack,
         )
