@@ -34,8 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Consumer
-
 from bench.harness import print_ratio
 from compose.settings import StackSettings
 from compose.stack import ServiceStack
@@ -124,24 +122,16 @@ def _restart(stack: ServiceStack, name: str) -> float:
 
 
 def _first_clean_after(stack: ServiceStack) -> Callable[[], bool]:
-    consumer = Consumer(
-        {
-            **stack.client_kafka().client_config(),
-            "group.id": f"bench-recovery-{uuid.uuid4().hex[:8]}",
-            "isolation.level": "read_committed",
-            "auto.offset.reset": "latest",
-            "enable.auto.commit": False,
-        }
-    )
-    consumer.subscribe([EVENTS_CLEAN])
-    # Past what is in flight: only what the restarted worker commits counts.
-    drained = time.monotonic() + 3
-    while time.monotonic() < drained:
-        consumer.consume(1000, timeout=0.2)
+    """Whether a clean event was committed after this call (read as an
+    assign-only reader, which secure mode lets any client be)."""
+    from shared.bus.consumer import BusTail
+    from shared.contracts.aistack.v1 import events_pb2
+
+    tail = BusTail(stack.client_kafka(), topics=[EVENTS_CLEAN], message_cls=events_pb2.CleanEvent)
 
     def arrived() -> bool:
-        if any(not m.error() for m in consumer.consume(100, timeout=0.2)):
-            consumer.close()
+        if tail.poll_batch(100, timeout=0.2):
+            tail.close()
             return True
         return False
 

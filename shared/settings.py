@@ -57,6 +57,10 @@ class CommonSettings(BaseSettings):
         return value.upper() if isinstance(value, str) else value
 
 
+#: The longest a Kafka client waits between tries to reach a broker that is away.
+RECONNECT_BACKOFF_MAX_MS = 1000
+
+
 class KafkaSettings(BaseSettings):
     """Every Kafka client (confluent-kafka, aiokafka/Faust, Spark) is built from this."""
 
@@ -140,6 +144,9 @@ class KafkaSettings(BaseSettings):
             "bootstrap.servers": self.bootstrap,
             "client.id": self.client_id,
             "security.protocol": self.security_protocol,
+            # Back within a second of a restarted broker, not librdkafka's
+            # default 10 s of back-off (the Java client's default is 1 s too).
+            "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
         }
         if self.sasl_mechanism:
             config["sasl.mechanism"] = self.sasl_mechanism

@@ -72,6 +72,9 @@ def read_clean_events(
         .option("subscribe", settings.source_topic)
         .option("startingOffsets", settings.starting_offsets)
         .option("includeHeaders", str(headers).lower())
+        # svc_ingest writes in transactions: what a killed one aborted is on
+        # the topic too, and must count in no window.
+        .option("kafka.isolation.level", "read_committed")
         # Offsets the broker deleted (retention) are skipped with a warning
         # instead of stopping the query for good.
         .option("failOnDataLoss", "false")

@@ -36,7 +36,7 @@ from shared.feature_store import (
     open_field,
 )
 from shared.log import get_logger
-from shared.redis_client import make_redis
+from shared.redis_client import REDIS_RIDE_OUT_SECONDS, make_redis
 from shared.settings import KafkaSettings, RedisSettings
 from svc_transform.windows import feature_window_bytes
 
@@ -261,7 +261,7 @@ def _write_open(rows: Iterable[Any], settings: RedisSettings, prefix: str, ttl: 
     chosen = freshest_open_windows(rows)
     if not chosen:
         return 0
-    client = make_redis(settings)
+    client = make_redis(settings, ride_out_seconds=REDIS_RIDE_OUT_SECONDS)
     try:
         set_if_fresher = client.register_script(_SET_IF_FRESHER)
         pipe = client.pipeline(transaction=False)
@@ -290,7 +290,7 @@ def _timed(write: Callable[[], None]) -> float:
 
 
 def _write_online(rows: Iterable[Any], settings: RedisSettings, prefix: str, ttl: int) -> None:
-    client = make_redis(settings)
+    client = make_redis(settings, ride_out_seconds=REDIS_RIDE_OUT_SECONDS)
     try:
         set_if_newer = client.register_script(_SET_IF_NEWER)
         pipe = client.pipeline(transaction=False)

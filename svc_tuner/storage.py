@@ -17,7 +17,7 @@ import optuna
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalRedisBackend
 
-from shared.redis_client import make_redis
+from shared.redis_client import REDIS_RIDE_OUT_SECONDS, make_redis
 from shared.settings import RedisSettings
 
 
@@ -47,12 +47,12 @@ class _RedisJournal(JournalRedisBackend):
     def __init__(self, settings: RedisSettings, prefix: str) -> None:
         super().__init__(settings.url, prefix=prefix)
         self._settings = settings
-        self._redis = make_redis(settings)
+        self._redis = make_redis(settings, ride_out_seconds=REDIS_RIDE_OUT_SECONDS)
         self._append = self._redis.register_script(self._APPEND)
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
         self.__dict__.update(state)
-        self._redis = make_redis(self._settings)
+        self._redis = make_redis(self._settings, ride_out_seconds=REDIS_RIDE_OUT_SECONDS)
         self._append = self._redis.register_script(self._APPEND)
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:

@@ -422,3 +422,33 @@ def test_the_demos_events_flow_twice_on_one_state(stack: ServiceStack) -> None:
     archived = sorted(epochs.iterdir())[-1]
     assert (archived / "checkpoint" / "windows" / "offsets").is_dir()
     assert str(archived) in said[1]
+
+
+def test_the_whole_stack_under_chaos_loses_nothing_and_doubles_nothing(
+    stack: ServiceStack,
+) -> None:
+    """``bench.chaos`` with a short load: under a steady load of readings
+    and a study, svc_tuner, a trainer, svc_ingest, svc_transform, svc_model
+    and svc_monitor are killed with SIGKILL one after another and restarted,
+    then the broker and Redis; every reading, window, trial and prediction
+    is accounted for. Runs last: it kills everything. Its readings are
+    stamped six minutes back, later than any the tests before it sent (the
+    demo's end twenty minutes back), so none is late."""
+    from bench.chaos import run_chaos
+
+    result = run_chaos(stack, rate=100, epochs=4, trials=2, settle=1.0, say=print)
+    tally = result.tally
+    assert tally.lost_or_doubled == 0, tally.problems
+    assert result.sent > 0 and tally.windows > 0 and result.traffic.answered > 0
+    assert [b.service for b in result.back] == [
+        "svc_tuner",
+        "svc_trainer-1",
+        "svc_ingest",
+        "svc_transform",
+        "svc_model",
+        "svc_monitor",
+        "kafka",
+        "redis",
+    ]
+    down = [(s.name, s.state, s.last_lines) for s in stack.status() if s.state != "running"]
+    assert not down, down

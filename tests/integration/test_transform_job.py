@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import events_pb2, features_pb2
@@ -73,6 +74,18 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
         AISTACK_TRANSFORM_SLIDING_SLIDE_SECONDS="10",
     )
     try:
+        # What a killed svc_ingest left behind: a transaction that was
+        # aborted. Its reading is on the topic and must count nowhere.
+        aborted = Producer(
+            {**infra.kafka.client_config(), "transactional.id": f"{topics.clean}-aborted"}
+        )
+        aborted.init_transactions(30)
+        aborted.begin_transaction()
+        aborted.produce(
+            topics.clean, reading("t-1", 2, 1000.0).SerializeToString(), key=b"t-1", partition=0
+        )
+        aborted.flush(30)
+        aborted.abort_transaction(30)
         first = [(7, 22.0), (1, 20.0), (5, 27.0)]  # out of order, inside the watermark
         publish(producer, topics.clean, [reading("t-1", s, v) for s, v in first], partition=0)
         # From another partition (as after a repartition): one sliding window holds both.

@@ -48,6 +48,7 @@ def test_security_settings_pass_through_to_both_clients(monkeypatch: pytest.Monk
         "bootstrap.servers": "broker-1:9093,broker-2:9093",
         "client.id": "aistack",
         "security.protocol": "SASL_PLAINTEXT",
+        "reconnect.backoff.max.ms": 1000,
         "sasl.mechanism": "SCRAM-SHA-256",
         "sasl.username": "svc",
         "sasl.password": "s3cret",
