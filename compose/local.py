@@ -23,17 +23,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
 
 from compose import kafka_dist
 from compose.grants import grant_principals, redis_acl
 from compose.processes import ManagedProcess, Readiness, Supervisor, port_open
-from compose.secure import (
-    ADMIN,
-    SERVER_COMMON_NAME,
-    SecureMaterial,
-    ensure_material,
-    write_private,
+from compose.secure import ADMIN, SecureMaterial, ensure_material, write_private
+from compose.secure_config import (
+    SCRAM,
+    admin_scram,
+    broker_properties,
+    principal_env,
+    redis_options,
 )
 from compose.settings import KAFKA_PORT_STEP, InfraSettings
 from shared.errors import AistackError, ConfigError, Unavailable
@@ -78,7 +78,6 @@ class Broker(Server):
 CLUSTER_FILE = "kafka-cluster.json"
 
 #: Secure mode's SASL mechanism, for every principal.
-SCRAM: Literal["SCRAM-SHA-512"] = "SCRAM-SHA-512"
 
 
 @dataclass(frozen=True)
@@ -184,16 +183,7 @@ class LocalStack:
             **self.topic_defaults(),
         }
         if self.secure:
-            env.update(
-                AISTACK_KAFKA_SECURITY_PROTOCOL=kafka.security_protocol,
-                AISTACK_KAFKA_SASL_MECHANISM=SCRAM,
-                AISTACK_KAFKA_SASL_USERNAME=principal,
-                AISTACK_KAFKA_SASL_PASSWORD=self.material.password(principal).get_secret_value(),
-                AISTACK_KAFKA_SSL_CAFILE=str(self.material.ca_cert),
-                AISTACK_REDIS_USERNAME=principal,
-                AISTACK_REDIS_PASSWORD=self.material.password(principal).get_secret_value(),
-                AISTACK_REDIS_SSL_CA_CERTS=str(self.material.ca_cert),
-            )
+            env.update(principal_env(self.material, principal))
         return env
 
     def up(self) -> list[ServerStatus]:
@@ -370,26 +360,7 @@ class LocalStack:
         return config
 
     def _secure_kafka_config(self) -> list[str]:
-        """TLS and SCRAM for clients and between brokers, mutual TLS to the
-        controllers, and ACLs: nothing is allowed that no ACL grants."""
-        m = self.material
-        admin = m.password(ADMIN).get_secret_value()
-        return [
-            "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL",
-            f"sasl.enabled.mechanisms={SCRAM}",
-            f"sasl.mechanism.inter.broker.protocol={SCRAM}",
-            f"listener.name.sasl_ssl.{SCRAM.lower()}.sasl.jaas.config="
-            "org.apache.kafka.common.security.scram.ScramLoginModule required "
-            f'username="{ADMIN}" password="{admin}";',
-            "ssl.keystore.type=PEM",
-            f"ssl.keystore.location={m.server_pem}",
-            "ssl.truststore.type=PEM",
-            f"ssl.truststore.location={m.ca_cert}",
-            "listener.name.controller.ssl.client.auth=required",
-            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-            f"super.users=User:{ADMIN};User:CN={SERVER_COMMON_NAME}",
-            "allow.everyone.if.no.acl.found=false",
-        ]
+        return broker_properties(self.material, ["SASL_SSL"])
 
     def _java(
         self,
@@ -449,10 +420,7 @@ class LocalStack:
     def _format_scram(self) -> list[str]:
         """The admin's SCRAM credential, in the metadata from the start: the
         brokers authenticate to each other with it before any admin call."""
-        if not self.secure:
-            return []
-        admin = self.material.password(ADMIN).get_secret_value()
-        return ["--add-scram", f"{SCRAM}=[name={ADMIN},password={admin}]"]
+        return ["--add-scram", admin_scram(self.material)] if self.secure else []
 
     def _cluster_id(self) -> str:
         """The id a broker already formatted carries (all of one cluster share
@@ -510,27 +478,10 @@ class LocalStack:
         return ["--port", str(self.settings.redis_port)]
 
     def _secure_redis_options(self) -> list[str]:
-        """TLS only (no plaintext port), and an ACL user per principal; the
-        default user is off."""
-        m = self.material
-        acl_file = m.directory / "users.acl"
-        write_private(acl_file, redis_acl(m.passwords()).encode())
-        return [
-            "--port",
-            "0",
-            "--tls-port",
-            str(self.settings.redis_port),
-            "--tls-cert-file",
-            str(m.server_cert),
-            "--tls-key-file",
-            str(m.server_key),
-            "--tls-ca-cert-file",
-            str(m.ca_cert),
-            "--tls-auth-clients",
-            "no",
-            "--aclfile",
-            str(acl_file),
-        ]
+        """TLS only, and an ACL user per principal; the default user is off."""
+        acl_file = self.material.directory / "users.acl"
+        write_private(acl_file, redis_acl(self.material.passwords()).encode())
+        return redis_options(self.material, self.settings.redis_port, acl_file)
 
     def _redis_ready(self) -> bool:
         import redis

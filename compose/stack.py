@@ -31,6 +31,7 @@ from compose.processes import (
     port_taken,
 )
 from compose.secure import ADMIN
+from compose.secure_config import grpc_server_env
 from compose.settings import (
     TRAINER_METRICS_PORT_STEP,
     PortUse,
@@ -367,12 +368,7 @@ class ServiceStack:
             for key, value in self.infra.client_env(svc.principal).items()
             if key not in defaults  # the replication is _replication_env's to say
         }
-        material = self.infra.material
-        prefix = {"svc_tuner": "AISTACK_TUNER_", "svc_model": "AISTACK_MODEL_"}.get(svc.principal)
-        if prefix is not None:
-            env[f"{prefix}TLS_CERT_FILE"] = str(material.server_cert)
-            env[f"{prefix}TLS_KEY_FILE"] = str(material.server_key)
-            env[f"{prefix}AUTH_TOKEN"] = material.token(svc.principal).get_secret_value()
+        env.update(grpc_server_env(self.infra.material, svc.principal))
         return env
 
     def _kafka_settings(self) -> KafkaSettings:
