@@ -77,8 +77,6 @@ class Broker(Server):
 #: how many brokers, and whether it is secure.
 CLUSTER_FILE = "kafka-cluster.json"
 
-#: Secure mode's SASL mechanism, for every principal.
-
 
 @dataclass(frozen=True)
 class ClusterShape:
