@@ -163,7 +163,7 @@ def main() -> None:
                 sample = lag(stack)
                 lags.append((time.monotonic() - began, sample))
                 shown = ", ".join(f"{name} {value:.0f}" for name, value in sample.items() if value)
-                print(f"t+{lags[-1][0]:5.0f}s lag: {shown or 'none'}", flush=True)
+                print(f"t+{lags[-1][0]:5.0f}s lag: {shown or '0 in every service'}", flush=True)
             end = memory(stack)
             print(
                 f"{load.sent} raw events at {args.rate}/s; predictions: "
