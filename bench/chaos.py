@@ -201,6 +201,16 @@ class CountedLoad:
 # ---- prediction traffic ----
 
 
+def infer_request(model_name: str, x: np.ndarray) -> Any:
+    """An Open Inference Protocol request of ``x`` as the model's one FP32 input."""
+    from shared.contracts.inference import grpc_predict_v2_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=model_name)
+    tensor = request.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
+    tensor.contents.fp32_contents.extend(x.ravel().tolist())
+    return request
+
+
 class PredictionTraffic:
     """Requests to ``model_name`` a few times a second until stopped; every
     answer is checked against the first one its model version gave."""
@@ -227,12 +237,9 @@ class PredictionTraffic:
     def _run(self) -> None:
         import grpc
 
-        from shared.contracts.inference import grpc_predict_v2_pb2 as pb
         from shared.contracts.inference import grpc_predict_v2_pb2_grpc as pb_grpc
 
-        request = pb.ModelInferRequest(model_name=self._model)
-        tensor = request.inputs.add(name="input", datatype="FP32", shape=list(self._x.shape))
-        tensor.contents.fp32_contents.extend(self._x.ravel().tolist())
+        request = infer_request(self._model, self._x)
         with self._stack.model().open_sync() as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
             while not self._stop.wait(0.2):
@@ -291,13 +298,11 @@ def finished_study(stack: ServiceStack, study_id: str, timeout: float) -> Any:
 def served(stack: ServiceStack, model_name: str, version: str, x: np.ndarray) -> Callable[[], bool]:
     import grpc
 
-    from shared.contracts.inference import grpc_predict_v2_pb2 as pb
     from shared.contracts.inference import grpc_predict_v2_pb2_grpc as pb_grpc
 
+    request = infer_request(model_name, x)
+
     def probe() -> bool:
-        request = pb.ModelInferRequest(model_name=model_name)
-        tensor = request.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
-        tensor.contents.fp32_contents.extend(x.ravel().tolist())
         try:
             with stack.model().open_sync() as channel:
                 stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -437,13 +442,17 @@ def count(
         lambda found: expected.keys() <= found.keys(),
         timeout,
     )
-    _compare(tally, "features topic", expected, on_topic)
+    tally.windows_lost, tally.windows_doubled, tally.windows_miscounted = _compare(
+        tally, "features topic", expected, on_topic
+    )
     offline = _settled(
         lambda: _offline_windows(stack, entities),
         lambda found: expected.keys() <= found.keys(),
         120,
     )
-    _compare(tally, "offline store", expected, offline)
+    tally.offline_lost, tally.offline_doubled, tally.offline_miscounted = _compare(
+        tally, "offline store", expected, offline
+    )
     return tally
 
 
@@ -461,7 +470,8 @@ def _compare(
     where: str,
     expected: Counter[tuple[str, str, int]],
     found: dict[tuple[str, str, int], list[int]],
-) -> None:
+) -> tuple[int, int, int]:
+    """Windows lost, doubled and miscounted in ``found``; examples noted in ``tally``."""
     lost = expected.keys() - found.keys()
     doubled = {key: counts for key, counts in found.items() if len(counts) > 1}
     miscounted = {
@@ -469,15 +479,10 @@ def _compare(
         for key, counts in found.items()
         if key in expected and any(n != expected[key] for n in counts)
     }
-    if where == "features topic":
-        tally.windows_lost, tally.windows_doubled = len(lost), len(doubled)
-        tally.windows_miscounted = len(miscounted)
-    else:
-        tally.offline_lost, tally.offline_doubled = len(lost), len(doubled)
-        tally.offline_miscounted = len(miscounted)
     tally.note(f"windows lost on the {where}", sorted(lost))
     tally.note(f"windows doubled on the {where}", doubled.items())
     tally.note(f"windows miscounted on the {where} (found, expected)", miscounted.items())
+    return len(lost), len(doubled), len(miscounted)
 
 
 def _clean_events(
