@@ -41,6 +41,8 @@ class Built:
     connectors: list[Path]
     # None where pyspark is not installed: the functions compile against its jars.
     functions: Path | None
+    # The driver JVM's class archive (svc_transform.class_archive); None as functions.
+    class_archive: Path | None = None
 
     def describe(self) -> list[str]:
         """One line per part, for a person."""
@@ -52,15 +54,22 @@ class Built:
             lines.append(f"svc_transform functions: {self.functions}")
         else:
             lines.append("svc_transform functions: not built (pyspark is not installed)")
+        if self.class_archive is not None:
+            lines.append(f"svc_transform driver class archive: {self.class_archive}")
         return lines
 
 
 def build(cache_dir: Path) -> Built:
     """Fetch the connectors and, where pyspark is installed, compile the
-    functions; each a no-op when already in the cache."""
+    functions and build the driver's class archive; each a no-op when already
+    in the cache."""
+    from svc_transform import class_archive
+
     connectors = ensure_connector_jars(cache_dir)
-    functions = ensure_functions_jar(cache_dir) if pyspark_installed() else None
-    return Built(connectors, functions)
+    if not pyspark_installed():
+        return Built(connectors, None)
+    functions = ensure_functions_jar(cache_dir)
+    return Built(connectors, functions, class_archive.ensure(cache_dir, functions))
 
 
 def session_jars(cache_dir: Path) -> list[Path]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from shared import spark_session
 from shared.settings import SparkSettings
+from svc_transform import class_archive as archive
 from svc_transform import jars
 
 if TYPE_CHECKING:
@@ -21,16 +22,22 @@ def session(
     *,
     cache_dir: os.PathLike[str],
     work_dir: os.PathLike[str],
+    class_archive: bool = True,
 ) -> SparkSession:
     """Start (or join) the session with the connector and our functions from
-    the local cache (no network at start-up)."""
+    the local cache (no network at start-up), its driver JVM mapping the
+    class archive where ``make setup`` built one."""
     from svc_transform import functions
 
+    cache = Path(cache_dir)
+    session_jars = jars.session_jars(cache)
     # Fair scheduling: the open-window query's small jobs take turns with the
     # closed-window query's (svc_transform.job.start_open_windows).
-    spark = spark.model_copy(update={"conf": {"spark.scheduler.mode": "FAIR", **spark.conf}})
+    conf = {"spark.scheduler.mode": "FAIR", **spark.conf}
+    if class_archive:
+        conf = archive.session_conf(conf, cache, jars.ensure_functions_jar(cache))
     started = spark_session.session(
-        spark, app_name, work_dir=work_dir, jars=jars.session_jars(Path(cache_dir))
+        spark.model_copy(update={"conf": conf}), app_name, work_dir=work_dir, jars=session_jars
     )
     functions.register(started)
     return started

@@ -70,3 +70,25 @@ def test_a_local_master_gets_its_environment_without_overriding_the_users(
     monkeypatch.delenv("PYSPARK_PYTHON")
     spark_session.export_local_spark_environment()
     assert os.environ["PYSPARK_PYTHON"] == sys.executable
+
+
+def test_the_driver_maps_the_class_archive_only_where_one_was_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from svc_transform import class_archive
+
+    functions = tmp_path / "functions-0123.jar"
+    user = {class_archive.DRIVER_JAVA_OPTIONS: "-Dfoo=1", "spark.executor.memory": "2g"}
+    assert class_archive.session_conf(user, tmp_path, functions) == user
+    archive = class_archive.archive_path(tmp_path, functions)
+    archive.parent.mkdir(parents=True)
+    archive.write_bytes(b"an archive")
+    conf = class_archive.session_conf(user, tmp_path, functions)
+    assert conf == {
+        class_archive.DRIVER_JAVA_OPTIONS: f"-Dfoo=1 -XX:SharedArchiveFile={archive}",
+        "spark.executor.memory": "2g",
+    }
+    # Another functions jar (or Spark, or JDK) is another archive.
+    assert class_archive.archive_path(tmp_path, tmp_path / "functions-4567.jar") != archive
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
+    assert class_archive.session_conf(user, tmp_path, functions) == user

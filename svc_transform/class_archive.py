@@ -1,0 +1,174 @@
+"""A class-data-sharing archive of svc_transform's driver JVM: a restarted
+job spends less of its start-up loading classes.
+
+Most of a Spark driver's start is the JVM loading and verifying classes
+from Spark's jars. A JVM (JDK 13+) can dump the classes a run loaded into an
+archive when it exits (``-XX:ArchiveClassesAtExit``) and map that archive at
+its next start (``-XX:SharedArchiveFile``). ``ensure`` builds one archive per
+Spark, JDK and functions jar: a child process starts svc_transform's session,
+runs its windows pipeline over Spark's rate source for a few micro-batches
+and exits, which writes the archive. ``session_conf`` points the driver at it
+when it is there. The JVM checks the archive against its own build and class
+path, and starts without it (a warning in the log) where they differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from shared.errors import ConfigError
+
+#: The driver JVM's option Spark appends to its command line.
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+#: The most a build may take (a session, a few micro-batches, the dump).
+BUILD_TIMEOUT_SECONDS = 300
+#: Micro-batches the warm-up runs before it stops.
+WARM_UP_BATCHES = 2
+
+
+def java_executable() -> Path:
+    """The java pyspark starts: ``$JAVA_HOME/bin/java``, else the first on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not found or not Path(found).is_file():
+        raise ConfigError("no java found (JAVA_HOME or PATH): Spark needs a JDK 17")
+    return Path(found).resolve()
+
+
+def archive_path(cache_dir: Path, functions_jar: Path) -> Path:
+    """Where the archive for this Spark, this JDK and these functions lives."""
+    from svc_transform.jars import SPARK_VERSION
+
+    java = java_executable()
+    digest = hashlib.sha256(
+        f"{SPARK_VERSION}|{java}|{java.stat().st_size}|{functions_jar.name}".encode()
+    )
+    return cache_dir / "spark-class-archive" / f"driver-{digest.hexdigest()[:16]}.jsa"
+
+
+def session_conf(conf: dict[str, str], cache_dir: Path, functions_jar: Path) -> dict[str, str]:
+    """``conf`` with the driver mapping the archive, where one was built."""
+    try:
+        archive = archive_path(cache_dir, functions_jar)
+    except ConfigError:
+        return conf
+    if not archive.is_file():
+        return conf
+    options = f"{conf.get(DRIVER_JAVA_OPTIONS, '')} -XX:SharedArchiveFile={archive}"
+    return {**conf, DRIVER_JAVA_OPTIONS: options.strip()}
+
+
+def ensure(cache_dir: Path, functions_jar: Path) -> Path:
+    """The archive, built first when missing (in a child process, whose JVM
+    writes it as it exits). Raises ConfigError when the build fails."""
+    archive = archive_path(cache_dir, functions_jar)
+    if archive.is_file():
+        return archive
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=archive.parent) as tmp:
+        dumped = Path(tmp) / archive.name
+        result = subprocess.run(
+            [sys.executable, "-m", "svc_transform.class_archive", str(dumped), tmp],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_SECONDS,
+            check=False,
+        )
+        if result.returncode != 0 or not dumped.is_file():
+            tail = (result.stdout + result.stderr).strip().splitlines()[-6:]
+            raise ConfigError(f"could not build the driver's class archive: {' | '.join(tail)}")
+        for old in archive.parent.glob("driver-*.jsa"):
+            old.unlink()
+        dumped.rename(archive)
+    return archive
+
+
+def warm_up(dump_to: Path, work_dir: Path) -> None:
+    """Start svc_transform's session with the JVM set to dump its classes at
+    exit, and run the windows pipeline for ``WARM_UP_BATCHES`` micro-batches."""
+    from pyspark.sql import functions as F
+
+    from shared.contracts.aistack.v1 import events_pb2
+    from shared.settings import CommonSettings, load_settings
+    from svc_transform.settings import TransformSettings
+    from svc_transform.spark import session
+    from svc_transform.windows import aggregate, decode, observations, window_specs
+
+    settings = load_settings(TransformSettings)
+    common: CommonSettings = settings.common
+    # Local whatever the settings name: the driver's classes are what is
+    # archived, and set-up must not depend on a cluster being up.
+    spark_settings = settings.spark.model_copy(
+        update={
+            "master": "local[2]",
+            "conf": {DRIVER_JAVA_OPTIONS: f"-XX:ArchiveClassesAtExit={dump_to}"},
+        }
+    )
+    spark = session(
+        spark_settings,
+        "svc_transform-class-archive",
+        cache_dir=common.cache_dir,
+        work_dir=work_dir,
+        class_archive=False,
+    )
+    event = events_pb2.CleanEvent(event_id="warm-up", entity_id="sensor-1")
+    event.event_time.FromSeconds(int(time.time()))
+    event.sensor_reading.measurements.add(metric="temperature", value=20.0, unit="C")
+    records = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", "100")
+        .load()
+        .select(
+            F.lit(b"sensor-1").alias("key"),
+            F.lit(event.SerializeToString()).alias("value"),
+            F.lit(settings.source_topic).alias("topic"),
+            (F.col("value") % 2).cast("int").alias("partition"),
+            F.col("value").alias("offset"),
+            F.col("timestamp"),
+        )
+    )
+    windows = aggregate(
+        observations(decode(records)), window_specs(settings), settings.watermark_seconds
+    )
+    query = (
+        windows.writeStream.outputMode("append")
+        .format("noop")
+        .option("checkpointLocation", str(work_dir / "checkpoint"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    deadline = time.monotonic() + BUILD_TIMEOUT_SECONDS / 2
+    while (
+        query.lastProgress is None
+        or query.lastProgress["batchId"] < WARM_UP_BATCHES
+        or query.status["isTriggerActive"]
+    ):
+        if not query.isActive or time.monotonic() > deadline:
+            raise ConfigError(f"the warm-up query did not run: {query.exception()}")
+        time.sleep(0.05)
+    query.stop()
+    spark.stop()
+    # The JVM writes the archive as it exits, which it does when its stdin
+    # (pyspark's gateway) closes: wait for that, not for this process's exit.
+    gateway: Any = spark.sparkContext._gateway
+    gateway.shutdown()
+    gateway.proc.stdin.close()
+    gateway.proc.wait(timeout=BUILD_TIMEOUT_SECONDS / 2)
+
+
+def main(argv: list[str]) -> int:
+    dump_to, work_dir = Path(argv[0]), Path(argv[1])
+    warm_up(dump_to, work_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
