@@ -31,7 +31,7 @@ DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 #: The most a build may take (a session, a few micro-batches, the dump).
 BUILD_TIMEOUT_SECONDS = 300
 #: Micro-batches the warm-up runs before it stops.
-WARM_UP_BATCHES = 2
+WARM_UP_BATCHES = 1
 
 
 def java_executable() -> Path:
@@ -44,14 +44,24 @@ def java_executable() -> Path:
 
 
 def archive_path(cache_dir: Path, functions_jar: Path) -> Path:
-    """Where the archive for this Spark, this JDK and these functions lives."""
-    from svc_transform.jars import SPARK_VERSION
+    """Where the archive for this Spark, this JDK, these functions and this
+    class path lives: the JVM maps an archive only under the class path it
+    was dumped with (pyspark's jars, which another checkout's environment
+    holds elsewhere)."""
+    from svc_transform.jars import SPARK_VERSION, pyspark_jars
 
     java = java_executable()
-    digest = hashlib.sha256(
-        f"{SPARK_VERSION}|{java}|{java.stat().st_size}|{functions_jar.name}".encode()
+    key = "|".join(
+        [
+            SPARK_VERSION,
+            str(java),
+            str(java.stat().st_size),
+            functions_jar.name,
+            str(pyspark_jars().resolve()),
+        ]
     )
-    return cache_dir / "spark-class-archive" / f"driver-{digest.hexdigest()[:16]}.jsa"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir / "spark-class-archive" / f"driver-{digest}.jsa"
 
 
 def session_conf(conf: dict[str, str], cache_dir: Path, functions_jar: Path) -> dict[str, str]:
@@ -85,6 +95,8 @@ def ensure(cache_dir: Path, functions_jar: Path) -> Path:
         if result.returncode != 0 or not dumped.is_file():
             tail = (result.stdout + result.stderr).strip().splitlines()[-6:]
             raise ConfigError(f"could not build the driver's class archive: {' | '.join(tail)}")
+        # One archive per cache (each is about 160 MB): the last set-up's.
+        # A job that finds none of its own starts without one.
         for old in archive.parent.glob("driver-*.jsa"):
             old.unlink()
         dumped.rename(archive)
@@ -142,7 +154,7 @@ def warm_up(dump_to: Path, work_dir: Path) -> None:
         windows.writeStream.outputMode("append")
         .format("noop")
         .option("checkpointLocation", str(work_dir / "checkpoint"))
-        .trigger(processingTime="1 second")
+        .trigger(processingTime="0 seconds")
         .start()
     )
     deadline = time.monotonic() + BUILD_TIMEOUT_SECONDS / 2

@@ -173,13 +173,16 @@ def test_a_worker_restarted_under_its_instance_id_takes_its_partitions_back_at_o
     worker = Worker(infra, topics, tmp_path / "w", extra_env=env)
     workers.append(worker)
     worker.wait_ready()
-    publish(infra, topics.raw, records)
+    publish(infra, topics.raw, records[:3_000])
     wait_until(
         lambda: worker.counter("ingest_records_in_total") >= 2_000,
         60,
         "the worker made no progress before the kill",
     )
     worker.kill()
+    # The rest only now: the killed worker may have finished the first half
+    # before the kill landed, and the restarted one must have work to show.
+    publish(infra, topics.raw, records[3_000:])
     restarted = Worker(infra, topics, tmp_path / "w", extra_env=env)
     workers.append(restarted)
     restarted.wait_ready(timeout=90)

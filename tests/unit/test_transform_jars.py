@@ -88,7 +88,12 @@ def test_the_driver_maps_the_class_archive_only_where_one_was_built(
         class_archive.DRIVER_JAVA_OPTIONS: f"-Dfoo=1 -XX:SharedArchiveFile={archive}",
         "spark.executor.memory": "2g",
     }
-    # Another functions jar (or Spark, or JDK) is another archive.
+    # Another functions jar (or Spark, or JDK) is another archive, and so is
+    # another checkout's pyspark: the JVM maps one only under its class path.
     assert class_archive.archive_path(tmp_path, tmp_path / "functions-4567.jar") != archive
+    monkeypatch.setattr(jars, "pyspark_jars", lambda: tmp_path / "other-venv" / "jars")
+    assert class_archive.archive_path(tmp_path, functions) != archive
+    assert class_archive.session_conf(user, tmp_path, functions) == user
+    monkeypatch.undo()
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
     assert class_archive.session_conf(user, tmp_path, functions) == user
