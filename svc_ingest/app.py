@@ -53,7 +53,7 @@ DEDUP_TABLE = "dedup"
 #: The dedup table's RocksDB, per partition. Faust's defaults (three 64 MiB
 #: memtables, a 2 GiB block cache) let a steady stream of writes grow the
 #: process by each memtable until it flushes, tens of minutes at 2,000
-#: events/s (bench.soak measured 1.24x); lookups go to the in-memory index
+#: events/s (tests/unit/test_ingest_store_memory.py); lookups go to the in-memory index
 #: (``DedupWindow``), so the store reads only on a restore and needs little cache.
 DEDUP_ROCKSDB_OPTIONS = {
     "write_buffer_size": 8 * 1024 * 1024,

@@ -5,9 +5,9 @@ Most of a Spark driver's start is the JVM loading and verifying classes
 from Spark's jars. A JVM (JDK 13+) can dump the classes a run loaded into an
 archive when it exits (``-XX:ArchiveClassesAtExit``) and map that archive at
 its next start (``-XX:SharedArchiveFile``). ``ensure`` builds one archive per
-Spark, JDK and functions jar: a child process starts svc_transform's session,
-runs its windows pipeline over Spark's rate source for a few micro-batches
-and exits, which writes the archive. ``session_conf`` points the driver at it
+Spark, JDK, functions jar and class path: a child process starts
+svc_transform's session, runs its windows pipeline over Spark's rate source
+for two micro-batches and exits, which writes the archive. ``session_conf`` points the driver at it
 when it is there. The JVM checks the archive against its own build and class
 path, and starts without it (a warning in the log) where they differ.
 """
@@ -30,7 +30,7 @@ from shared.errors import ConfigError
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 #: The most a build may take (a session, a few micro-batches, the dump).
 BUILD_TIMEOUT_SECONDS = 300
-#: Micro-batches the warm-up runs before it stops.
+#: The last micro-batch the warm-up runs (from 0) before it stops.
 WARM_UP_BATCHES = 1
 
 
@@ -109,13 +109,12 @@ def warm_up(dump_to: Path, work_dir: Path) -> None:
     from pyspark.sql import functions as F
 
     from shared.contracts.aistack.v1 import events_pb2
-    from shared.settings import CommonSettings, load_settings
+    from shared.settings import load_settings
     from svc_transform.settings import TransformSettings
     from svc_transform.spark import session
     from svc_transform.windows import aggregate, decode, observations, window_specs
 
     settings = load_settings(TransformSettings)
-    common: CommonSettings = settings.common
     # Local whatever the settings name: the driver's classes are what is
     # archived, and set-up must not depend on a cluster being up.
     spark_settings = settings.spark.model_copy(
@@ -127,7 +126,7 @@ def warm_up(dump_to: Path, work_dir: Path) -> None:
     spark = session(
         spark_settings,
         "svc_transform-class-archive",
-        cache_dir=common.cache_dir,
+        cache_dir=settings.common.cache_dir,
         work_dir=work_dir,
         class_archive=False,
     )
