@@ -1,6 +1,7 @@
 """The trainers on NVIDIA GPUs: NCCL collectives on CUDA tensors, one rank per
-GPU, the refusal of more ranks than GPUs, torchrun, bf16, TensorFlow's
-strategies over the GPUs.
+GPU, the refusal of more ranks than GPUs, torchrun, bf16, a user's model and
+a user's loop (the example project's) on the GPU, TensorFlow's strategies
+over the GPUs.
 
 Every test here needs a CUDA device and is skipped, with the reason, where
 there is none (CI never has one); the CPU tests in test_trainer_torch.py and
@@ -9,7 +10,9 @@ test_trainer_tf.py prove the same code paths under gloo and on logical CPUs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,10 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from aistack.studies import ship_code
 from shared.artifacts import TORCH_EXPORT_FILE
 from svc_trainer.backends.torch import devices as torch_devices
 from svc_trainer.backends.torch import runner as torch_runner
-from svc_trainer.plan import Hyperparams, StopReason, TrialError
+from svc_trainer.plan import CodeRef, Hyperparams, StopReason, TrialError
 from tests.integration import torch_group
 from tests.integration.trainer_support import RecordingChannel, digits_splits, run_spec
 
@@ -30,6 +34,7 @@ pytestmark = pytest.mark.skipif(
 )
 two_gpus = pytest.mark.skipif(0 < GPUS < 2, reason=f"needs 2 GPUs, this machine has {GPUS}")
 DIGITS = digits_splits()
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "user_project"
 
 
 def test_single_trains_in_bf16_on_the_gpu_with_its_data_resident_and_exports(
@@ -113,6 +118,56 @@ def test_torchrun_runs_one_rank_per_gpu(tmp_path: Path) -> None:
     done = lines[-1]
     assert done["event"] == "completed" and done["epochs"] == 2
     assert len(set(done["replica_digests"])) == 1
+
+
+@pytest.fixture(scope="module")
+def example_code(tmp_path_factory: pytest.TempPathFactory) -> CodeRef:
+    """The example project's PyTorch half, shipped as a study ships it: its
+    requirements name keras too, which a GPU machine with PyTorch alone
+    lacks (and the trainer rightly refuses the package there)."""
+    root = tmp_path_factory.mktemp("shipped")
+    project = root / "project"
+    shutil.copytree(
+        EXAMPLE / "mymodels", project / "mymodels", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    (project / "requirements.txt").write_text("torch>=2.0\nscikit-learn>=1.3\n")
+    package = ship_code(project, str(root / "store"))
+    return CodeRef(package.uri, package.sha256, str(root / "code" / package.sha256))
+
+
+@pytest.mark.parametrize(
+    ("kind", "target", "strategy"),
+    [
+        ("model", "mymodels.torch_model:build", "single"),
+        ("entrypoint", "mymodels.train_loop:train", "ddp"),
+    ],
+)
+def test_a_users_model_and_a_users_loop_train_on_the_gpu_and_export(
+    tmp_path: Path, example_code: CodeRef, kind: str, target: str, strategy: str
+) -> None:
+    # The example's model takes a table: the digits' 64 pixels as columns.
+    table = dataclasses.replace(
+        DIGITS,
+        x_train=DIGITS.x_train.reshape(len(DIGITS.x_train), -1),
+        x_val=DIGITS.x_val.reshape(len(DIGITS.x_val), -1),
+        x_test=DIGITS.x_test.reshape(len(DIGITS.x_test), -1),
+    )
+    channel = RecordingChannel()
+    spec = run_spec(
+        tmp_path,
+        device="cuda",
+        strategy=strategy,
+        world_size=GPUS if strategy == "ddp" else 0,
+        epochs=4,
+        model_family="",
+        code=example_code,
+        params={"lr": 0.01},
+        **{kind: target},
+    )
+    result = torch_runner.run(spec, table, channel)
+    assert [step for step, _ in channel.epochs()] == [1, 2, 3, 4]
+    assert result.val_metrics["val_error"] < 0.3, result.val_metrics  # chance: 0.9
+    assert (tmp_path / "export" / TORCH_EXPORT_FILE).is_file()
 
 
 # -- TensorFlow: needs tensorflow[and-cuda] (make setup GPU=1) -----------------------------
