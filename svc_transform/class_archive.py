@@ -51,17 +51,31 @@ def archive_path(cache_dir: Path, functions_jar: Path) -> Path:
     from svc_transform.jars import SPARK_VERSION, pyspark_jars
 
     java = java_executable()
+    class_path = pyspark_jars().resolve()
     key = "|".join(
         [
             SPARK_VERSION,
             str(java),
             str(java.stat().st_size),
             functions_jar.name,
-            str(pyspark_jars().resolve()),
+            str(class_path),
+            _jars_stamp(class_path),
         ]
     )
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir / "spark-class-archive" / f"driver-{digest}.jsa"
+
+
+def _jars_stamp(directory: Path) -> str:
+    """Each jar's name, size and modification time: the JVM also refuses an
+    archive whose class path entries changed since the dump, as they do when
+    an environment is installed again at the same path (a CI clone's)."""
+    entries = (
+        f"{jar.name}:{stat.st_size}:{stat.st_mtime_ns}"
+        for jar in sorted(directory.glob("*.jar"))
+        for stat in (jar.stat(),)
+    )
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest()
 
 
 def session_conf(conf: dict[str, str], cache_dir: Path, functions_jar: Path) -> dict[str, str]:

@@ -94,6 +94,13 @@ def test_the_driver_maps_the_class_archive_only_where_one_was_built(
     monkeypatch.setattr(jars, "pyspark_jars", lambda: tmp_path / "other-venv" / "jars")
     assert class_archive.archive_path(tmp_path, functions) != archive
     assert class_archive.session_conf(user, tmp_path, functions) == user
+    # The same path installed again: its jars' times changed, so did the archive.
+    reinstalled = tmp_path / "other-venv" / "jars"
+    reinstalled.mkdir(parents=True)
+    (reinstalled / "spark-core.jar").write_bytes(b"classes")
+    before = class_archive.archive_path(tmp_path, functions)
+    os.utime(reinstalled / "spark-core.jar", ns=(1, 1))
+    assert class_archive.archive_path(tmp_path, functions) != before
     monkeypatch.undo()
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
     assert class_archive.session_conf(user, tmp_path, functions) == user
