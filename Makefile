@@ -27,7 +27,7 @@ help:
 	@echo "make setup    virtualenv, dependencies, generated code, Kafka's jars, redis-server"
 	@echo "make test     set up, then run every test (unit + integration on a real Kafka and Redis)"
 	@echo "make lint     ruff and mypy"
-	@echo "make bench    benchmarks against their peers (needs: aistack infra up)"
+	@echo "make bench    benchmarks against their peers, then one table of every figure (needs: aistack infra up; PROFILE=1: py-spy profiles into bench/out/)"
 	@echo "make gpu-check  every training strategy on this machine's GPUs (GPU=1 for TensorFlow's CUDA build)"
 	@echo "make proto    regenerate shared/contracts from proto/"
 
@@ -95,16 +95,7 @@ gpu-check: setup
 	$(PY) -m bench.trainer_gpu
 
 bench: setup
-	$(PY) -m bench.bus_throughput
-	$(PY) -m bench.ingest_throughput
-	$(PY) -m bench.transform_latency
-	$(PY) -m bench.tuner_overhead
-	$(PY) -m bench.study_speedup
-	$(PY) -m bench.tuning_gain
-	$(PY) -m bench.trainer_overhead
-	$(PY) -m bench.serving
-	$(PY) -m bench.batch_scoring
-	$(PY) -m bench.user_code
+	$(PY) -m bench.all $(if $(PROFILE),--profile)
 
 infra-up: setup
 	$(VENV)/bin/aistack infra up

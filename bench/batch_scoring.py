@@ -61,6 +61,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench import profiling
 from bench.harness import print_ratio, round_order
 
 if TYPE_CHECKING:
@@ -479,6 +480,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.batch_scoring", description=__doc__)
     parser.add_argument("--rows", type=int, default=ROWS, help="rows in the offline store")
     parser.add_argument("--repeats", type=int, default=REPEATS, help="timed rounds; median counts")
+    profiling.add_flag(parser, "batch_scoring", own_children=True)
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, Producer
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from bench import profiling
 from bench.harness import kafka_settings, print_ratio, round_order
 from shared.bus.consumer import CONSUMER_DEFAULTS, BusConsumer
 from shared.bus.producer import PRODUCER_DEFAULTS, BusProducer
@@ -175,6 +176,7 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=4)
+    profiling.add_flag(parser, "bus_throughput")
     args = parser.parse_args()
     kafka = kafka_settings()
     events = make_events(args.events)

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import profiling
 from bench.recovery import (
     Back,
     _first_clean_after,
@@ -661,6 +662,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between kills")
     parser.add_argument("--brokers", type=int, default=1, help="Kafka brokers")
     parser.add_argument("--secure", action="store_true", help="aistack up --secure")
+    profiling.add_flag(parser, "chaos")
     args = parser.parse_args()
 
     state = Path(tempfile.mkdtemp(prefix="bench-chaos-"))

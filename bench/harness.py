@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
+from bench import profiling
+
 if TYPE_CHECKING:
     from shared.settings import KafkaSettings, RedisSettings
 
@@ -111,8 +113,9 @@ def spawn(
     new_session: bool = False,
 ) -> subprocess.Popen[bytes]:
     """``command`` from the repository root, its output into ``log``; with
-    ``stdin`` a pipe the caller writes to, else nothing to read."""
-    return subprocess.Popen(
+    ``stdin`` a pipe the caller writes to, else nothing to read. Under
+    ``--profile`` py-spy samples it (``bench.profiling``)."""
+    process = subprocess.Popen(
         list(command),
         cwd=ROOT,
         env=dict(env),
@@ -121,6 +124,10 @@ def spawn(
         stderr=subprocess.STDOUT,
         start_new_session=new_session,
     )
+    profiler = profiling.active()
+    if profiler is not None:
+        profiler.attach(process.pid, profiling.label_of(command))
+    return process
 
 
 def read_metric(port: int, series: str) -> float:
@@ -151,6 +158,9 @@ def in_fresh_process(fn: Callable[..., T], *args: Any, timeout: float = 1800) ->
     queue = context.Queue()
     process = context.Process(target=_put_result, args=(queue, fn, args))
     process.start()
+    profiler = profiling.active()
+    if profiler is not None and process.pid is not None:
+        profiler.attach(process.pid, fn.__name__.strip("_"))
     result: T = queue.get(timeout=timeout)
     process.join()
     return result

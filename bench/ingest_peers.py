@@ -50,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from bench import profiling
 from bench.harness import ROOT, python_module
 from shared.settings import load_settings
 from svc_ingest.cleaner import Cleaner
@@ -429,6 +430,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("peer", choices=PEERS)
     parser.add_argument("--count", type=int, required=True)
+    profiling.add_flag(parser, "ingest_peers")
     args = parser.parse_args()
     settings = load_settings(IngestSettings)
     from svc_ingest.app import prepare_topics

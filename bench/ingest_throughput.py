@@ -43,6 +43,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from bench import profiling
 from bench.harness import kafka_settings, print_ratio, round_order
 from bench.ingest_peers import PEERS, run_peer
 from bench.services import fill, ingest_env, run_worker
@@ -64,6 +65,7 @@ def main() -> int:
     parser.add_argument(
         "--guarantee", choices=("exactly_once", "at_least_once"), default=default_guarantee()
     )
+    profiling.add_flag(parser, "ingest_throughput")
     args = parser.parse_args()
     kafka = kafka_settings()
     interval = IngestSettings.model_fields["commit_interval_seconds"].default

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import profiling
 from bench.harness import print_ratio
 from compose.settings import StackSettings
 from compose.stack import ServiceStack
@@ -237,6 +238,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=300, help="raw events a second")
     parser.add_argument("--rounds", type=int, default=1, help="kills of each service")
     parser.add_argument("--warm-up", type=float, default=20.0, help="seconds of load first")
+    profiling.add_flag(parser, "recovery")
     args = parser.parse_args()
 
     state = Path(tempfile.mkdtemp(prefix="bench-recovery-"))

@@ -86,6 +86,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import profiling
 from bench.harness import print_ratio, round_order
 from bench.serving_callers import Worker, client_main, floor_main
 from bench.serving_servers import (
@@ -311,6 +312,7 @@ def main() -> int:
         default=",".join(RATIOS),
         help=f"comma-separated lines to measure for (default all: {', '.join(RATIOS)})",
     )
+    profiling.add_flag(parser, "serving")
     args = parser.parse_args()
     ratios = [name.strip() for name in args.ratios.split(",") if name.strip()]
     unknown = sorted(set(ratios) - set(RATIOS))

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from aistack.studies import load_spec
+from bench import profiling
 from bench.harness import print_ratio
 from bench.recovery import SteadyLoad
 from compose.settings import StackSettings
@@ -144,6 +145,7 @@ def main() -> None:
     # and the study's first models are loaded: measure from past that.
     parser.add_argument("--warm-up", type=float, default=660.0, help="seconds before measuring")
     parser.add_argument("--every", type=float, default=60.0, help="seconds between samples")
+    profiling.add_flag(parser, "soak")
     args = parser.parse_args()
 
     state = Path(tempfile.mkdtemp(prefix="bench-soak-"))

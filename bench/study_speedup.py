@@ -52,6 +52,7 @@ with contextlib.suppress(ImportError):
 
 import optuna
 
+from bench import profiling
 from bench.harness import print_ratio, ray_tune_one_at_a_time
 from bench.services import Trainers, TunerUnderTest, run_study
 
@@ -224,6 +225,7 @@ def on_the_bus(trainers: int, trials: int, state: Path) -> Outcome:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=16)
+    profiling.add_flag(parser, "study_speedup")
     args = parser.parse_args()
 
     def show(name: str, outcome: Outcome) -> Outcome:

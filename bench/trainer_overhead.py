@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from bench import profiling
 from bench.harness import in_fresh_process, print_ratio, round_order
 
 EPOCHS = 6
@@ -204,6 +205,7 @@ def best_of(rounds: int, *measurements: Callable[[], dict[str, float]]) -> list[
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
+    profiling.add_flag(parser, "trainer_overhead")
     args = parser.parse_args()
 
     trainer, plain = best_of(

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer
 
+from bench import profiling
 from bench.harness import (
     child_env,
     kafka_settings,
@@ -321,6 +322,7 @@ def main() -> int:
     parser.add_argument(
         "--only-freshness", action="store_true", help="measure the online freshness alone"
     )
+    profiling.add_flag(parser, "transform_latency")
     args = parser.parse_args()
     kafka = kafka_settings()
     if args.only_freshness:

@@ -60,6 +60,7 @@ from pathlib import Path
 import optuna
 
 from aistack.studies import load_spec
+from bench import profiling
 from bench.harness import print_ratio
 from bench.services import TunerUnderTest, run_study
 from shared.bus.consumer import BusConsumer
@@ -213,6 +214,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--sleep", type=float, default=0.5, help="seconds per trial")
     parser.add_argument("--seed", type=int, default=42)
+    profiling.add_flag(parser, "tuner_overhead")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="aistack-bench-") as tmp:
         one = measure(1, args.trials, args.sleep, args.seed, Path(tmp))

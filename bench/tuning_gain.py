@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from aistack.studies import describe_trial, load_spec
+from bench import profiling
 from bench.harness import ROOT, print_ratio
 from bench.services import Trainers, TunerUnderTest
 from compose import kfold
@@ -90,6 +91,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--folds", type=int, default=10)
+    profiling.add_flag(parser, "tuning_gain")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="aistack-bench-") as tmp:
         state = Path(tmp)

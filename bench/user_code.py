@@ -51,6 +51,7 @@ from typing import Any
 
 import optuna
 
+from bench import profiling
 from bench.harness import ROOT, print_ratio, ray_tune_one_at_a_time
 from bench.services import Trainers, TunerUnderTest, run_study
 
@@ -249,6 +250,7 @@ def write_table(path: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=12)
+    profiling.add_flag(parser, "user_code")
     args = parser.parse_args()
     sys.path.insert(0, str(EXAMPLE))
 
