@@ -38,6 +38,7 @@ OUT = Path(__file__).resolve().parent / "out"
 RATE_HZ = 100
 TOP_WRITTEN = 25
 TOP_PRINTED = 8
+TOP_THREADS = 6
 STOP_WAIT_S = 60.0
 
 
@@ -54,13 +55,17 @@ def top_frames(document: Mapping[str, Any], limit: int) -> tuple[int, list[Frame
     sample a stack of frame indices from the root to the running frame,
     weighted by the time it stands for. The root frame py-spy adds per
     process under ``--subprocesses`` (its command line) is no code, and
-    is left out."""
+    is left out; so are the samples taken while a module was imported
+    (start-up, most of a short run's samples, not the path measured)."""
     frames = document["shared"]["frames"]
+    importing = {i for i, frame in enumerate(frames) if _is_import(frame)}
     ran: Counter[int] = Counter()
     on_stack: Counter[int] = Counter()
     samples, weights = 0, 0.0
     for profile in document["profiles"]:
         for stack, weight in zip(profile["samples"], profile["weights"], strict=True):
+            if importing.intersection(stack):
+                continue
             samples += 1
             weights += weight
             if stack:
@@ -74,6 +79,27 @@ def top_frames(document: Mapping[str, Any], limit: int) -> tuple[int, list[Frame
     return samples, [
         FrameShare(_frame_name(frames[i]), ran[i] / weights, on_stack[i] / weights) for i in ranked
     ]
+
+
+def thread_seconds(document: Mapping[str, Any]) -> list[tuple[str, float]]:
+    """Each thread's name and the seconds it ran (imports left out), the
+    busiest first: a thread that works beside the one that serves shows
+    here whether its work is what the run lost."""
+    frames = document["shared"]["frames"]
+    importing = {i for i, frame in enumerate(frames) if _is_import(frame)}
+    busy: dict[str, float] = {}
+    for profile in document["profiles"]:
+        name = str(profile.get("name", ""))
+        quoted = name.split('"')
+        thread = quoted[1] if len(quoted) > 2 and quoted[1] else name.rsplit(" ", 1)[-1]
+        for stack, weight in zip(profile["samples"], profile["weights"], strict=True):
+            if not importing.intersection(stack):
+                busy[thread] = busy.get(thread, 0.0) + weight
+    return sorted(busy.items(), key=lambda item: -item[1])
+
+
+def _is_import(frame: Mapping[str, Any]) -> bool:
+    return str(frame.get("file") or "").startswith("<frozen importlib")
 
 
 def _is_process(frame: Mapping[str, Any]) -> bool:
@@ -91,8 +117,16 @@ def _frame_name(frame: Mapping[str, Any]) -> str:
     return f"{frame['name']} ({where}:{line})" if line else f"{frame['name']} ({where})"
 
 
-def top_table(title: str, samples: int, shares: Sequence[FrameShare]) -> str:
-    lines = [f"{title}: {samples:,} samples at {RATE_HZ} Hz (idle threads left out)"]
+def top_table(
+    title: str,
+    samples: int,
+    shares: Sequence[FrameShare],
+    threads: Sequence[tuple[str, float]] = (),
+) -> str:
+    lines = [f"{title}: {samples:,} samples at {RATE_HZ} Hz (idle threads and imports left out)"]
+    if threads:
+        ran = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in threads)
+        lines.append(f"threads: {ran}")
     lines.append(f"{'self%':>6} {'total%':>7}  frame")
     lines += [f"{s.self_share:>6.1%} {s.total_share:>7.1%}  {s.frame}" for s in shares]
     return "\n".join(lines)
@@ -154,11 +188,13 @@ class Profiler:
                 said = errors.decode(errors="replace").strip().splitlines()[-1:] or ["nothing"]
                 print(f"profile {sampler.label}: py-spy wrote no profile ({said[0]})", flush=True)
                 continue
-            samples, shares = top_frames(json.loads(sampler.flame.read_text()), TOP_WRITTEN)
+            document = json.loads(sampler.flame.read_text())
+            samples, shares = top_frames(document, TOP_WRITTEN)
+            threads = thread_seconds(document)[:TOP_THREADS]
             title = f"profile {self._bench} {sampler.label} (pid {sampler.target})"
             table = sampler.flame.with_name(f"{self._bench}-{sampler.label}.top.txt")
-            table.write_text(top_table(title, samples, shares) + "\n")
-            print(top_table(title, samples, shares[:TOP_PRINTED]), flush=True)
+            table.write_text(top_table(title, samples, shares, threads) + "\n")
+            print(top_table(title, samples, shares[:TOP_PRINTED], threads), flush=True)
             print(f"  flame graph: {sampler.flame}\n  top frames:  {table}", flush=True)
             written += [sampler.flame, table]
         return written

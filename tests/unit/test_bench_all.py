@@ -65,11 +65,13 @@ def test_a_run_keeps_each_benchmarks_figures_and_a_failed_one_as_a_row_that_does
 def test_top_frames_rank_by_the_share_each_frame_ran_and_was_on_the_stack() -> None:
     frames = [{"name": name, "file": f"/x/{name}.py", "line": 1} for name in "abcd"]
     frames.append({"name": 'process 7:"python -m svc_x"', "file": "", "line": 0})
-    # Thread 1: a>b (3 samples' time), a>c (1); thread 2, of process 7: d (4).
+    frames.append({"name": "_find_and_load", "file": "<frozen importlib._bootstrap>", "line": 9})
+    # Thread 1: a>b (3 samples' time), a>c (1), an import under a (left
+    # out); thread 2, of process 7: d (4).
     document = {
         "shared": {"frames": frames},
         "profiles": [
-            {"samples": [[0, 1], [0, 2]], "weights": [0.03, 0.01]},
+            {"samples": [[0, 1], [0, 2], [0, 5, 1]], "weights": [0.03, 0.01, 0.5]},
             {"samples": [[4, 3]], "weights": [0.04]},
         ],
     }
@@ -82,6 +84,12 @@ def test_top_frames_rank_by_the_share_each_frame_ran_and_was_on_the_stack() -> N
     assert ("a (/x/a.py:1)", 0.0) == (everything[-1].frame, everything[-1].self_share)
     assert everything[-1].total_share == pytest.approx(0.5)
     assert len(everything) == 4  # the process's root frame is no code
+    document["profiles"][0]["name"] = 'Process 7 Thread 8 "prediction-log"'
+    document["profiles"][1]["name"] = "Process 7 Thread 7"
+    assert dict(profiling.thread_seconds(document)) == {
+        "prediction-log": pytest.approx(0.04),  # the import's 0.5 s left out
+        "7": pytest.approx(0.04),
+    }
 
 
 BUSY = """
