@@ -404,18 +404,27 @@ PEERS = tuple(RUNNERS)
 
 
 def run_peer(name: str, env: Mapping[str, str], count: int, *, timeout: float = 600) -> float:
-    """``python -m bench.ingest_peers name``; its rate."""
-    out = subprocess.run(
+    """``python -m bench.ingest_peers name``; its rate. Under ``--profile``
+    py-spy samples it (``bench.profiling``)."""
+    with subprocess.Popen(
         python_module("bench.ingest_peers", name, "--count", str(count)),
         cwd=ROOT,
         env=dict(env),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-    )
-    rate = read_rate(out.stdout)
-    if out.returncode != 0 or rate is None:
-        raise RuntimeError(f"peer {name} exited {out.returncode}:\n{out.stderr[-3000:]}")
+    ) as peer:
+        profiler = profiling.active()
+        if profiler is not None:
+            profiler.attach(peer.pid, f"peer_{name}")
+        try:
+            stdout, stderr = peer.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            peer.kill()
+            raise
+    rate = read_rate(stdout)
+    if peer.returncode != 0 or rate is None:
+        raise RuntimeError(f"peer {name} exited {peer.returncode}:\n{stderr[-3000:]}")
     return rate
 
 

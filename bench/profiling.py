@@ -91,7 +91,8 @@ def thread_seconds(document: Mapping[str, Any]) -> list[tuple[str, float]]:
     for profile in document["profiles"]:
         name = str(profile.get("name", ""))
         quoted = name.split('"')
-        thread = quoted[1] if len(quoted) > 2 and quoted[1] else name.rsplit(" ", 1)[-1]
+        thread = quoted[1] if len(quoted) > 2 else name.rsplit(" ", 1)[-1]
+        thread = thread or "main"  # py-spy names a process's first thread ""
         for stack, weight in zip(profile["samples"], profile["weights"], strict=True):
             if not importing.intersection(stack):
                 busy[thread] = busy.get(thread, 0.0) + weight

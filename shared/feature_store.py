@@ -97,6 +97,37 @@ def merge_sources(
     return [merged[key] for key in sorted(merged)]
 
 
+def merge_source_column(column: Any) -> list[dict[str, Any]]:
+    """``merge_sources`` over an Arrow ``sources`` column (a list of
+    OffsetRange structs per row, as the offline store and scored rows hold
+    it), computed in Arrow: no Python object per range, which cost batch
+    scoring a fifth of its driver's time. The same spans, in the same order,
+    each with its fields in the struct's order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ranges = pc.list_flatten(column)
+    fields = [field.name for field in ranges.type]
+    if fields != list(_SOURCE_FIELDS):  # not the layout this rule knows
+        return merge_sources(source for sources in column.to_pylist() for source in sources or ())
+    if len(ranges) == 0:
+        return []
+    table = pa.Table.from_struct_array(ranges)
+    spans = (
+        table.group_by(["topic", "partition"], use_threads=False)
+        .aggregate([("min_offset", "min"), ("max_offset", "max"), ("count", "sum")])
+        .sort_by([("topic", "ascending"), ("partition", "ascending")])
+    )
+    columns = [
+        spans.column(name).to_pylist()
+        for name in ("topic", "partition", "min_offset_min", "max_offset_max", "count_sum")
+    ]
+    return [dict(zip(_SOURCE_FIELDS, values, strict=True)) for values in zip(*columns, strict=True)]
+
+
+_SOURCE_FIELDS = ("topic", "partition", "min_offset", "max_offset", "count")
+
+
 #: Options of a read of the offline store (svc_trainer's ``features``
 #: dataset) bounding the windows by their start, inclusive, as RFC 3339
 #: timestamps: what svc_tuner sets for a re-tune's fresh data.

@@ -25,7 +25,7 @@ from google.protobuf import json_format
 from shared import model_loading
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import AistackError, InvalidArgument
-from shared.feature_store import merge_sources
+from shared.feature_store import merge_source_column
 from shared.log import get_logger
 from svc_score.plan import BadInput, Plan, plan
 from svc_score.publish import Layout, Publication, publish
@@ -206,8 +206,7 @@ def files_lineage(output: Path) -> dict[str, dict[str, Any]]:
         names = pq.read_schema(path).names
         entry: dict[str, Any] = {"rows": pq.read_metadata(path).num_rows}
         if "sources" in names:
-            rows = pq.read_table(path, columns=["sources"]).column(0).to_pylist()
-            entry["sources"] = merge_sources(source for sources in rows for source in sources or ())
+            entry["sources"] = merge_source_column(pq.read_table(path, columns=["sources"])[0])
         lineage[path.name] = entry
     return lineage
 

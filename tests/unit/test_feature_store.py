@@ -8,6 +8,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.contracts.aistack.v1.common_pb2 import OffsetRange
 from shared.contracts.aistack.v1.events_pb2 import CleanEvent
@@ -21,6 +23,8 @@ from shared.feature_store import (
     SERIES_COLUMNS,
     decode_window,
     encode_window,
+    merge_source_column,
+    merge_sources,
     online_field,
     online_key,
     partition_path,
@@ -148,3 +152,63 @@ def test_the_offline_layout() -> None:
     # Every column but the path (a FeatureWindow dimension) is a FeatureWindow field.
     fields = set(FeatureWindow.DESCRIPTOR.fields_by_name)
     assert set(OFFLINE_COLUMNS) - fields == {"path"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(
+        st.one_of(
+            st.none(),
+            st.lists(
+                st.fixed_dictionaries(
+                    {
+                        "topic": st.sampled_from(["aistack.events.clean", "b", "Z", "é"]),
+                        "partition": st.integers(0, 3),
+                        "min_offset": st.integers(0, 10**12),
+                        "max_offset": st.integers(0, 10**12),
+                        "count": st.integers(1, 10**6),
+                    }
+                ),
+                max_size=4,
+            ),
+        ),
+        max_size=12,
+    ),
+    chunks=st.integers(1, 3),
+)
+def test_the_arrow_merge_of_a_sources_column_is_the_python_merge(
+    rows: list[list[dict[str, object]] | None], chunks: int
+) -> None:
+    import pyarrow as pa
+    from pyarrow.parquet import read_table, write_table
+
+    table = pa.table({"sources": pa.array(rows, type=_arrow_type())})
+    size = max(1, -(-len(rows) // chunks))
+    column = pa.chunked_array(
+        [table.column(0).combine_chunks().slice(i, size) for i in range(0, len(rows), size)]
+        or [table.column(0).combine_chunks()]
+    )
+    expected = merge_sources(source for sources in rows for source in sources or ())
+    assert merge_source_column(column) == expected
+    # Through Parquet, as batch scoring reads it, the JSON it writes is the same.
+    sink = pa.BufferOutputStream()
+    write_table(table, sink)
+    read = read_table(pa.BufferReader(sink.getvalue()))[0]
+    before = merge_sources(source for sources in read.to_pylist() for source in sources or ())
+    assert json.dumps(merge_source_column(read)) == json.dumps(before)
+
+
+def _arrow_type() -> object:
+    import pyarrow as pa
+
+    return pa.list_(
+        pa.struct(
+            [
+                ("topic", pa.string()),
+                ("partition", pa.int32()),
+                ("min_offset", pa.int64()),
+                ("max_offset", pa.int64()),
+                ("count", pa.int64()),
+            ]
+        )
+    )
