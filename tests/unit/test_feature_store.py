@@ -31,6 +31,7 @@ from shared.feature_store import (
     window_stats,
 )
 from svc_model.features import feature_row
+from tests.unit.test_trainer_data import SOURCES
 
 END = datetime(2026, 11, 22, 10, 1, tzinfo=UTC)
 
@@ -182,7 +183,7 @@ def test_the_arrow_merge_of_a_sources_column_is_the_python_merge(
     import pyarrow as pa
     from pyarrow.parquet import read_table, write_table
 
-    table = pa.table({"sources": pa.array(rows, type=_arrow_type())})
+    table = pa.table({"sources": pa.array(rows, type=SOURCES)})
     size = max(1, -(-len(rows) // chunks))
     column = pa.chunked_array(
         [table.column(0).combine_chunks().slice(i, size) for i in range(0, len(rows), size)]
@@ -196,19 +197,3 @@ def test_the_arrow_merge_of_a_sources_column_is_the_python_merge(
     read = read_table(pa.BufferReader(sink.getvalue()))[0]
     before = merge_sources(source for sources in read.to_pylist() for source in sources or ())
     assert json.dumps(merge_source_column(read)) == json.dumps(before)
-
-
-def _arrow_type() -> object:
-    import pyarrow as pa
-
-    return pa.list_(
-        pa.struct(
-            [
-                ("topic", pa.string()),
-                ("partition", pa.int32()),
-                ("min_offset", pa.int64()),
-                ("max_offset", pa.int64()),
-                ("count", pa.int64()),
-            ]
-        )
-    )
