@@ -53,6 +53,13 @@ def process_bytes(pid: int) -> int:
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    return resident_bytes(pid)
+
+
+def resident_bytes(pid: int) -> int:
+    """One process's resident size (``/proc/PID/statm``: a counter the
+    kernel keeps, where the rollup walks every page table); 0 for a process
+    that is gone."""
     try:
         pages = int((_PROC / str(pid) / "statm").read_text().split()[1])
         return pages * os.sysconf("SC_PAGE_SIZE")
@@ -63,6 +70,20 @@ def process_bytes(pid: int) -> int:
 def tree_bytes(pid: int) -> int:
     """What ``pid`` and its descendants hold together."""
     return sum(process_bytes(p) for p in descendants(pid))
+
+
+def tree_over(pid: int, limit: int) -> int:
+    """What ``pid`` and its descendants hold together when that is over
+    ``limit``, else 0. Their resident sizes first: a resident size is never
+    below the proportional one, so a tree under the limit by the first is
+    under it by the second, and the rollups (a trainer's watch read them
+    twice a second; a tenth of its CPU time, beside the training, for a
+    trial's torch processes) are read only for a tree that might be over."""
+    tree = descendants(pid)
+    if sum(resident_bytes(p) for p in tree) <= limit:
+        return 0
+    held = sum(process_bytes(p) for p in tree)
+    return held if held > limit else 0
 
 
 def machine_bytes() -> int:

@@ -427,8 +427,7 @@ class Worker:
         if not limit or executor.pid is None or now < self._next_memory_check:
             return 0
         self._next_memory_check = now + MEMORY_CHECK_SECONDS
-        held = memory.tree_bytes(executor.pid)
-        return held if held > limit else 0
+        return memory.tree_over(executor.pid, limit)
 
     def _read_controls(self, control: BusTail[tuning_pb2.TrialControl]) -> None:
         for record in control.poll_batch(100, timeout=0):

@@ -31,6 +31,11 @@ def test_a_process_tree_is_found_and_its_memory_summed() -> None:
         assert memory.tree_bytes(parent.pid) > 200 << 20
         assert memory.process_bytes(tree[1]) > memory.process_bytes(parent.pid)
         assert os.getpid() not in tree
+        # The limit's check: the tree's holding when over it, else nothing.
+        held = memory.tree_over(parent.pid, 100 << 20)
+        assert held > 200 << 20
+        assert memory.tree_over(parent.pid, 4 * held) == 0
+        assert all(memory.resident_bytes(p) >= memory.process_bytes(p) for p in tree)
     finally:
         for pid in reversed(memory.descendants(parent.pid)):
             os.kill(pid, 9)
