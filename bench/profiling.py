@@ -28,8 +28,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,20 +58,16 @@ def top_frames(document: Mapping[str, Any], limit: int) -> tuple[int, list[Frame
     is left out; so are the samples taken while a module was imported
     (start-up, most of a short run's samples, not the path measured)."""
     frames = document["shared"]["frames"]
-    importing = {i for i, frame in enumerate(frames) if _is_import(frame)}
-    ran: Counter[int] = Counter()
-    on_stack: Counter[int] = Counter()
+    ran: defaultdict[int, float] = defaultdict(float)
+    on_stack: defaultdict[int, float] = defaultdict(float)
     samples, weights = 0, 0.0
-    for profile in document["profiles"]:
-        for stack, weight in zip(profile["samples"], profile["weights"], strict=True):
-            if importing.intersection(stack):
-                continue
-            samples += 1
-            weights += weight
-            if stack:
-                ran[stack[-1]] += weight
-                for index in set(stack):
-                    on_stack[index] += weight
+    for _, stack, weight in _measured(document):
+        samples += 1
+        weights += weight
+        if stack:
+            ran[stack[-1]] += weight
+            for index in set(stack):
+                on_stack[index] += weight
     if samples == 0:
         return 0, []
     code = [i for i in on_stack if not _is_process(frames[i])]
@@ -85,9 +81,15 @@ def thread_seconds(document: Mapping[str, Any]) -> list[tuple[str, float]]:
     """Each thread's name and the seconds it ran (imports left out), the
     busiest first: a thread that works beside the one that serves shows
     here whether its work is what the run lost."""
-    frames = document["shared"]["frames"]
-    importing = {i for i, frame in enumerate(frames) if _is_import(frame)}
     busy: dict[str, float] = {}
+    for thread, _, weight in _measured(document):
+        busy[thread] = busy.get(thread, 0.0) + weight
+    return sorted(busy.items(), key=lambda item: -item[1])
+
+
+def _measured(document: Mapping[str, Any]) -> Iterator[tuple[str, list[int], float]]:
+    """(thread, stack, weight) of every sample not taken during an import."""
+    importing = {i for i, frame in enumerate(document["shared"]["frames"]) if _is_import(frame)}
     for profile in document["profiles"]:
         name = str(profile.get("name", ""))
         quoted = name.split('"')
@@ -95,8 +97,7 @@ def thread_seconds(document: Mapping[str, Any]) -> list[tuple[str, float]]:
         thread = thread or "main"  # py-spy names a process's first thread ""
         for stack, weight in zip(profile["samples"], profile["weights"], strict=True):
             if not importing.intersection(stack):
-                busy[thread] = busy.get(thread, 0.0) + weight
-    return sorted(busy.items(), key=lambda item: -item[1])
+                yield thread, stack, weight
 
 
 def _is_import(frame: Mapping[str, Any]) -> bool:

@@ -77,8 +77,9 @@ def tree_over(pid: int, limit: int) -> int:
     ``limit``, else 0. Their resident sizes first: a resident size is never
     below the proportional one, so a tree under the limit by the first is
     under it by the second, and the rollups (a trainer's watch read them
-    twice a second; a tenth of its CPU time, beside the training, for a
-    trial's torch processes) are read only for a tree that might be over."""
+    twice a second: 6-9% of its CPU time, beside the training, in
+    bench.study_speedup's profile) are read only for a tree that might be
+    over."""
     tree = descendants(pid)
     if sum(resident_bytes(p) for p in tree) <= limit:
         return 0

@@ -5,11 +5,12 @@ Most of a Spark driver's start is the JVM loading and verifying classes
 from Spark's jars. A JVM (JDK 13+) can dump the classes a run loaded into an
 archive when it exits (``-XX:ArchiveClassesAtExit``) and map that archive at
 its next start (``-XX:SharedArchiveFile``). ``ensure`` builds one archive per
-Spark, JDK, functions jar and class path: a child process starts
-svc_transform's session, runs its windows pipeline over Spark's rate source
-for two micro-batches and exits, which writes the archive. ``session_conf`` points the driver at it
-when it is there. The JVM checks the archive against its own build and class
-path, and starts without it (a warning in the log) where they differ.
+Spark, JDK, functions jar and class path (its jars' sizes and times too): a
+child process starts svc_transform's session, runs its windows pipeline over
+Spark's rate source for two micro-batches and exits, which writes the
+archive. ``session_conf`` points the driver at it when it is there. The JVM
+checks the archive against its own build and class path, and starts without
+it (a warning in the log) where they differ.
 """
 
 from __future__ import annotations
