@@ -93,6 +93,14 @@ class Worker:
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def describe(self, lines: int = 12) -> str:
+        """Whether the worker runs and its last log lines (each cut at 300
+        characters): what a failure needs to say why records are missing."""
+        code = self.process.poll()
+        state = "running" if code is None else f"exited {code}"
+        tail = [line[:300] for line in self.log_text().splitlines()[-lines:]]
+        return f"\n--- worker :{self.metrics_port} {state}; log tail:\n" + "\n".join(tail)
+
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

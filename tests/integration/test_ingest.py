@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +50,26 @@ def expected_clean_ids(records: list[RawRecord]) -> Counter[str]:
     )
 
 
-def assert_exact(records: list[RawRecord], written: Written) -> None:
+def assert_exact(
+    records: list[RawRecord], written: Written, workers: Sequence[Worker] = ()
+) -> None:
+    """Every clean event once and every dead letter once. On a mismatch the
+    failure is short and ends with each worker's state and last log lines:
+    CI shows only the tail of a failure, and a diff of thousands of ids
+    would fill it without saying why they were missing."""
     clean = expected_clean_ids(records)
-    doubled = [event_id for event_id, n in written.clean_ids.items() if n > 1]
-    assert not doubled, f"{len(doubled)} clean events written twice"
-    assert written.clean_ids == clean, (
-        f"clean: {sum(written.clean_ids.values())} written, {sum(clean.values())} expected"
-    )
+    doubled = sorted(event_id for event_id, n in written.clean_ids.items() if n > 1)
+    missing = sorted((clean - written.clean_ids).elements())
+    unexpected = sorted((written.clean_ids - clean - Counter(doubled)).elements())
+    if doubled or missing or unexpected:
+        pytest.fail(
+            f"clean: {written.clean_ids.total()} written, {clean.total()} expected; "
+            f"{len(missing)} missing (e.g. {missing[:3]}), {len(doubled)} written twice "
+            f"(e.g. {doubled[:3]}), {len(unexpected)} not expected (e.g. {unexpected[:3]})"
+            + "".join(worker.describe() for worker in workers)
+            + f"\nin {os.environ.get('PYTEST_CURRENT_TEST', '?')}",
+            pytrace=False,
+        )
     bad = [r for r in records if r.expected == "dead_letter"]
     assert written.dead_letter_count == len(written.dead_letters) == len(bad)
     assert Counter(written.dead_letters.values()) == Counter(r.reason for r in bad)
@@ -87,7 +101,7 @@ def test_ten_thousand_mixed_events_end_exactly_once(
 
     written = read_outputs(infra.kafka, topics, expected_total=9_500)
 
-    assert_exact(records, written)
+    assert_exact(records, written, workers)
     duplicates = sum(r.expected == "duplicate" for r in records)
     assert duplicates == 500
     wait_until(
@@ -130,7 +144,7 @@ def test_at_least_once_worker_writes_each_outcome_once_without_a_crash(
 
     written = read_outputs(infra.kafka, topics, expected_total=1_900)
 
-    assert_exact(records, written)
+    assert_exact(records, written, workers)
     assert worker.terminate() == 0
 
 
@@ -154,7 +168,7 @@ def test_kill_9_mid_stream_and_restart_keeps_counts_exact(
 
     written = read_outputs(infra.kafka, topics, expected_total=9_500, timeout=120)
 
-    assert_exact(records, written)
+    assert_exact(records, written, workers)
     # The rest of the stream was the restarted worker's to clean.
     assert restarted.counter("ingest_records_in_total") > 0
 
@@ -189,7 +203,7 @@ def test_a_worker_restarted_under_its_instance_id_takes_its_partitions_back_at_o
 
     written = read_outputs(infra.kafka, topics, expected_total=5_700, timeout=120)
 
-    assert_exact(records, written)
+    assert_exact(records, written, workers)
     assert restarted.counter("ingest_records_in_total") > 0
     (before,) = joined_generations(worker)
     assert joined_generations(restarted) == [before], restarted.log_text()[-3000:]
@@ -220,7 +234,7 @@ def test_two_workers_share_the_partitions(
 
     written = read_outputs(infra.kafka, topics, expected_total=9_500, timeout=180)
 
-    assert_exact(records, written)
+    assert_exact(records, written, workers)
     assert first.counter("ingest_records_in_total") > 0
     assert second.counter("ingest_records_in_total") > 0
     # AISTACK_KAFKA_CLIENT_ID reaches the broker: it names each worker's consumer there.

@@ -112,7 +112,7 @@ def test_a_broker_killed_mid_flow_loses_nothing_doubles_nothing_and_catches_up(
 
         # With the broker still down, the flow goes on to the last record.
         written = read_outputs(cluster.kafka, topics, expected_total=9_500, timeout=180)
-        assert_exact(records, written)
+        assert_exact(records, written, [worker])
         assert worker.process.poll() is None
         assert victim.pid() is None
 
