@@ -20,56 +20,41 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from shared.contracts.aistack.v1 import events_pb2
 from svc_ingest import accesslog, fields, influx, payload, senml, units
 from svc_ingest.rejection import RecordRejected
 from svc_ingest.rules import CleaningRules
-from svc_ingest.timestamps import parse_time
+from svc_ingest.sensor_shapes import SensorShapes
+from svc_ingest.timestamps import parse_time, set_timestamp
 
-_EVENT_ID = ("event_id", "eventId", "id")
-_TIME = (
-    "timestamp",
-    "ts",
-    "time",
-    "event_time",
-    "eventTime",
-    "@timestamp",
-    "time_iso8601",
-    "time_local",
-)
-_DEVICE = ("device_id", "deviceId", "device")
 _HOST = ("host", "server", "server_name", "vhost", "hostname")
 _CLIENT = ("client_address", "remote_addr", "client_ip", "client", "ip")
 _PATH = ("path", "uri", "request_uri", "url")
 _BYTES = ("response_bytes", "bytes", "body_bytes_sent", "bytes_sent", "size")
 _AGENT = ("user_agent", "http_user_agent", "agent", "ua")
 _REFERER = ("referer", "http_referer", "referrer")
-_KIND = ("type", "kind")
 
 _SENSOR_KINDS = frozenset({"sensor", "sensor_reading", "reading"})
 _WEB_KINDS = frozenset({"web", "web_request", "access_log", "request"})
 
-_SENSOR_KEYS = frozenset((*_EVENT_ID, *_TIME, *_DEVICE, *_KIND, "metrics", "attributes"))
 # The flat single reading: {"device_id", "timestamp", "metric", "value", "unit"}.
-_FLAT_KEYS = frozenset((*_SENSOR_KEYS, "metric", "value", "unit"))
+_FLAT_KEYS = frozenset((*fields.SENSOR_KEYS, "metric", "value", "unit"))
 # Telegraf and line protocol tags naming the entity, first found wins; a
 # device's own tag before the Telegraf agent's host.
-_ENTITY_TAGS = (*_DEVICE, "host")
+_ENTITY_TAGS = (*fields.DEVICE, "host")
 # A text line that starts like "host ident user [" meant to be an access log.
 _ACCESS_LOG_LIKE = re.compile(r"\S+ \S+ \S+ \[")
 _WEB_KEYS = frozenset(
     (
-        *_EVENT_ID,
-        *_TIME,
+        *fields.EVENT_ID,
+        *fields.TIME,
         *_HOST,
         *_CLIENT,
         *_PATH,
         *_BYTES,
         *_AGENT,
         *_REFERER,
-        *_KIND,
+        *fields.KIND,
         "attributes",
         "method",
         "protocol",
@@ -90,7 +75,7 @@ _UNKNOWN_HOST = "unknown"
 _MAX_SPECS = 4096
 
 # metric, its unit (None: dimensionless), canonical unit, range
-_Spec = tuple[str, units.Unit | None, str, tuple[float, float] | None]
+MeasurementSpec = tuple[str, units.Unit | None, str, tuple[float, float] | None]
 
 
 def content_hash(value: bytes) -> str:
@@ -104,7 +89,8 @@ class Cleaner:
     def __init__(self, rules: CleaningRules) -> None:
         self._rules = rules
         self._ranges = rules.metric_ranges
-        self._specs: dict[tuple[Any, Any], _Spec] = {}
+        self._specs: dict[tuple[Any, Any], MeasurementSpec] = {}
+        self._shapes = SensorShapes(rules, self.measurement_spec)
 
     def clean_all(
         self, value: bytes | None, key: bytes | None, content_type: str, now_us: int
@@ -121,7 +107,8 @@ class Cleaner:
         assert value is not None  # decode rejects a missing value
         try:
             if isinstance(found, dict):
-                events = self._from_json(found, key)
+                common = self._shapes.clean(found)
+                events = [common] if common is not None else self._from_json(found, key)
             elif isinstance(found, list):
                 events = self._from_senml(found, key, now_us)
             elif isinstance(found, str):
@@ -166,13 +153,13 @@ class Cleaner:
         if kind == "telegraf":
             return self._from_telegraf(doc, key)
         event = events_pb2.CleanEvent()
-        _, event_id = fields.first(doc, _EVENT_ID)
+        _, event_id = fields.first(doc, fields.EVENT_ID)
         if event_id is not None:
             event.event_id = fields.identifier(event_id, "event_id", self._rules.max_id_length)
-        _, when = fields.first(doc, _TIME)
+        _, when = fields.first(doc, fields.TIME)
         if when is None:
             raise RecordRejected("missing_field", "event has no timestamp")
-        _set_time(event.event_time, parse_time(when))
+        set_timestamp(event.event_time, parse_time(when))
         attributes = doc.get("attributes")
         if attributes is not None:
             if not isinstance(attributes, dict):
@@ -192,7 +179,7 @@ class Cleaner:
 
     @staticmethod
     def _json_kind(doc: Mapping[str, Any]) -> str:
-        _, declared = fields.first(doc, _KIND)
+        _, declared = fields.first(doc, fields.KIND)
         if isinstance(declared, str):
             if declared.strip().lower() in _SENSOR_KINDS:
                 return "sensor"
@@ -200,7 +187,7 @@ class Cleaner:
                 return "web"
         if _is_telegraf(doc):
             return "telegraf"
-        if "metrics" in doc or any(name in doc for name in _DEVICE):
+        if "metrics" in doc or any(name in doc for name in fields.DEVICE):
             return "sensor"
         if "method" in doc or "request" in doc or "status" in doc:
             return "web"
@@ -212,7 +199,7 @@ class Cleaner:
 
     def _sensor_json(self, doc: Mapping[str, Any], event: events_pb2.CleanEvent) -> frozenset[str]:
         """Fill the reading; returns the fields it used (the rest become attributes)."""
-        _, device = fields.first(doc, _DEVICE)
+        _, device = fields.first(doc, fields.DEVICE)
         if device is None:
             raise RecordRejected("missing_field", "sensor reading has no device_id")
         reading = event.sensor_reading
@@ -244,7 +231,7 @@ class Cleaner:
                 raw_value, unit = given, ""
             names.add(self._add_measurement(reading, name, raw_value, unit))
         self._check_measurements(reading, names)
-        return _SENSOR_KEYS
+        return fields.SENSOR_KEYS
 
     @staticmethod
     def _listed_metric(entry: Any) -> tuple[Any, Any]:
@@ -316,7 +303,7 @@ class Cleaner:
                 if event is None:
                     event = events[group] = events_pb2.CleanEvent(entity_id=entity)
                     event.sensor_reading.device_id = entity
-                    _set_time(event.event_time, record.time_us)
+                    set_timestamp(event.event_time, record.time_us)
                     names[group] = set()
                 value = record.value
                 if isinstance(value, str):
@@ -354,9 +341,9 @@ class Cleaner:
         if point.time is None:
             if now_us is None:
                 raise RecordRejected("missing_field", "point has no timestamp")
-            _set_time(event.event_time, now_us)  # as InfluxDB: no time means now
+            set_timestamp(event.event_time, now_us)  # as InfluxDB: no time means now
         else:
-            _set_time(event.event_time, parse_time(point.time))
+            set_timestamp(event.event_time, parse_time(point.time))
         for tag, text in point.tags.items():
             if tag != entity_tag:
                 event.attributes[tag] = text
@@ -442,7 +429,7 @@ class Cleaner:
         web = event.web_request
         web.host = self._host(None, key)
         event.entity_id = web.host
-        _set_time(event.event_time, parse_time(parsed.time))
+        set_timestamp(event.event_time, parse_time(parsed.time))
         web.method, web.path, web.protocol = _split_request(parsed.request)
         web.client_address = parsed.client_address
         web.status = parsed.status
@@ -498,11 +485,7 @@ class Cleaner:
         self, reading: events_pb2.SensorReading, name: Any, raw_value: Any, unit: Any
     ) -> str:
         """Validate, convert and append one measurement; returns its metric name."""
-        cacheable = isinstance(name, str) and (unit is None or isinstance(unit, str))
-        spec = self._specs.get((name, unit)) if cacheable else None
-        if spec is None:
-            spec = self._measurement_spec(name, unit)
-        metric, found, canonical_unit, bounds = spec
+        metric, found, canonical_unit, bounds = self.measurement_spec(name, unit)
         value = fields.number(raw_value, f"metric {metric!r}")
         if found is not None:
             value = value * found.scale + found.offset
@@ -514,8 +497,13 @@ class Cleaner:
         reading.measurements.add(metric=metric, value=value, unit=canonical_unit)
         return metric
 
-    def _measurement_spec(self, name: Any, unit: Any) -> _Spec:
+    def measurement_spec(self, name: Any, unit: Any) -> MeasurementSpec:
         """Name, unit and range of a metric as sent; remembered, as devices repeat them."""
+        cacheable = isinstance(name, str) and (unit is None or isinstance(unit, str))
+        spec = self._specs.get((name, unit)) if cacheable else None
+        return self._measurement_spec(name, unit) if spec is None else spec
+
+    def _measurement_spec(self, name: Any, unit: Any) -> MeasurementSpec:
         metric = fields.text(name, "metric name").lower().replace(" ", "_").replace("-", "_")
         if not _METRIC_NAME.fullmatch(metric):
             raise RecordRejected("invalid_field", f"metric name {name!r} is not a name")
@@ -597,7 +585,7 @@ def _is_telegraf(doc: Mapping[str, Any]) -> bool:
         and bool(batch)
         and isinstance(batch[0], dict)
         and "fields" in batch[0]
-        and not any(name in doc for name in _DEVICE)
+        and not any(name in doc for name in fields.DEVICE)
     )
 
 
@@ -605,12 +593,6 @@ def _set_attribute(event: events_pb2.CleanEvent, name: str, value: str) -> None:
     if name in event.attributes:
         raise RecordRejected("duplicate_key", f"{name!r} is both a tag and a field, or twice")
     event.attributes[name] = value
-
-
-def _set_time(stamp: Timestamp, micros: int) -> None:
-    # Timestamp.FromMicroseconds is pure Python; this is the same, cheaper.
-    stamp.seconds, rest = divmod(micros, 1_000_000)
-    stamp.nanos = rest * 1000
 
 
 def _split_request(request: str) -> tuple[str, str, str]:

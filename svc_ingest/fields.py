@@ -9,6 +9,23 @@ from typing import Any
 
 from svc_ingest.rejection import RecordRejected
 
+# Where JSON producers put the common fields, in order of preference.
+EVENT_ID = ("event_id", "eventId", "id")
+TIME = (
+    "timestamp",
+    "ts",
+    "time",
+    "event_time",
+    "eventTime",
+    "@timestamp",
+    "time_iso8601",
+    "time_local",
+)
+DEVICE = ("device_id", "deviceId", "device")
+KIND = ("type", "kind")
+# The fields a sensor reading with ``metrics`` uses; the rest become attributes.
+SENSOR_KEYS = frozenset((*EVENT_ID, *TIME, *DEVICE, *KIND, "metrics", "attributes"))
+
 
 def first(doc: Mapping[str, Any], names: tuple[str, ...]) -> tuple[str, Any]:
     """The first of ``names`` present in ``doc`` as (name, value); ("", None) if none."""

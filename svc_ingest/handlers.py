@@ -7,7 +7,7 @@ module only picks the outcome and builds the record to publish.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from shared.bus import envelope
@@ -38,7 +38,7 @@ class Outcome:
     event_id: str = ""
     # A record of several readings (a SenML pack, a Telegraf batch, lines of
     # line protocol): the clean events after the first, to the same topic.
-    more: list[Extra] = field(default_factory=list)
+    more: Sequence[Extra] = ()
 
 
 class RecordHandler:
@@ -75,21 +75,22 @@ class RecordHandler:
             pairs = headers
         else:
             pairs = list(headers.items() if isinstance(headers, Mapping) else headers or ())
-        found = envelope.parse_headers(pairs)
+        content_type, parent = envelope.content_type_and_trace(pairs)
         try:
-            events = self._cleaner.clean_all(value, key, found.content_type, now_us)
+            events = self._cleaner.clean_all(value, key, content_type, now_us)
         except RecordRejected as rejected:
-            trace = self._trace(found.traceparent)
+            trace = self._trace(parent)
             return self._dead_letter(partition, offset, key, value, pairs, rejected, trace)
         now_ms = now_us // 1000
+        first_sighting = self._dedup.first_sighting
         fresh = [
             event
             for event in events
-            if self._dedup.first_sighting(event.event_id.encode(), now_ms, partition, offset)
+            if first_sighting(event.event_id.encode(), now_ms, partition, offset)
         ]
         if not fresh:
             return Outcome("duplicate", "", None, None, [], event_id=events[0].event_id)
-        trace = self._trace(found.traceparent)
+        trace = self._trace(parent)
         records = [self._clean_record(event, partition, offset, now_us, trace) for event in fresh]
         key_out, value_out, headers_out = records[0]
         return Outcome(

@@ -99,3 +99,34 @@ def parse_headers(headers: Sequence[tuple[str, bytes | None]] | None) -> Envelop
 
 
 _KNOWN = frozenset({CONTENT_TYPE, TYPE, ID, SOURCE, TRACEPARENT})
+
+
+def content_type_and_trace(headers: Sequence[tuple[str, bytes | None]]) -> tuple[str, str]:
+    """``parse_headers(headers)``'s content type and traceparent, without the
+    rest: all a consumer of raw records reads, once per record."""
+    content_type = traceparent = None
+    for key, value in headers:
+        if value is None:
+            continue
+        if key == CONTENT_TYPE:
+            if content_type is None:
+                content_type = value
+        elif key == TRACEPARENT and traceparent is None:
+            traceparent = value
+    return (
+        "" if content_type is None else _text(content_type),
+        "" if traceparent is None else traceparent.decode("utf-8", errors="replace"),
+    )
+
+
+# Producers repeat a handful of content types: each decoded once.
+_content_types: dict[bytes, str] = {}
+
+
+def _text(content_type: bytes) -> str:
+    found = _content_types.get(content_type)
+    if found is None:
+        found = content_type.decode("utf-8", errors="replace")
+        if len(_content_types) < 256:
+            _content_types[content_type] = found
+    return found

@@ -3,6 +3,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from shared.bus import envelope
 from shared.bus.codec import decode, type_name
@@ -11,6 +13,22 @@ from shared.contracts.aistack.v1 import events_pb2, tuning_pb2
 from shared.errors import UndecodableRecord
 
 TRACEPARENT = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-01$")
+
+
+@given(
+    headers=st.lists(
+        st.tuples(
+            st.sampled_from(["content-type", "traceparent", "ce_id", "x-other"]),
+            st.none() | st.binary(max_size=12) | st.sampled_from([b"application/json"]),
+        ),
+        max_size=5,
+    )
+)
+def test_content_type_and_trace_read_what_parse_headers_reads(
+    headers: list[tuple[str, bytes | None]],
+) -> None:
+    found = envelope.parse_headers(headers)
+    assert envelope.content_type_and_trace(headers) == (found.content_type, found.traceparent)
 
 
 def test_headers_carry_the_envelope() -> None:
