@@ -82,6 +82,17 @@ class RecordHandler:
             trace = self._trace(parent)
             return self._dead_letter(partition, offset, key, value, pairs, rejected, trace)
         now_ms = now_us // 1000
+        if len(events) == 1:  # most records: no lists to build
+            (event,) = events
+            event_id = event.event_id
+            if not self._dedup.first_sighting(event_id.encode(), now_ms, partition, offset):
+                return Outcome("duplicate", "", None, None, [], event_id=event_id)
+            key_out, value_out, headers_out = self._clean_record(
+                event, partition, offset, now_us, self._trace(parent)
+            )
+            return Outcome(
+                "clean", self._clean_topic, key_out, value_out, headers_out, event_id=event_id
+            )
         first_sighting = self._dedup.first_sighting
         fresh = [
             event
