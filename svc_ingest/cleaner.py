@@ -107,8 +107,12 @@ class Cleaner:
         assert value is not None  # decode rejects a missing value
         try:
             if isinstance(found, dict):
-                common = self._shapes.clean(found)
-                events = [common] if common is not None else self._from_json(found, key)
+                common = self._shapes.clean(found, now_us)
+                if common is not None:  # its time is checked
+                    if not common.event_id:
+                        common.event_id = content_hash(value)
+                    return [common]
+                events = self._from_json(found, key)
             elif isinstance(found, list):
                 events = self._from_senml(found, key, now_us)
             elif isinstance(found, str):

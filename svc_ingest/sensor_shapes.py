@@ -56,12 +56,16 @@ class SensorShapes:
     ) -> None:
         self._max_id_length = rules.max_id_length
         self._max_metrics = rules.max_metrics
+        self._max_future_skew_us = rules.max_future_skew_us
+        # A record must be allowed one reading for any plan to serve.
+        self._serves = rules.max_events >= 1
         self._spec_of = spec_of
         self._plans: dict[tuple[str, ...], _Plan | None] = {}
 
-    def clean(self, doc: dict[str, Any]) -> events_pb2.CleanEvent | None:
-        """The reading's event (``source``, ``ingest_time`` unset, id as sent),
-        or None: the general path decides."""
+    def clean(self, doc: dict[str, Any], now_us: int) -> events_pb2.CleanEvent | None:
+        """The reading's event, as ``Cleaner.clean_all`` returns it but for an
+        id the producer did not give (left empty), or None: the general
+        path decides. ``now_us``: the clock event times may not run ahead of."""
         order = tuple(doc)
         try:
             plan = self._plans[order]
@@ -70,7 +74,7 @@ class SensorShapes:
         if plan is None:
             return None
         try:
-            return self._fill(doc, plan)
+            return self._fill(doc, plan, now_us)
         except RecordRejected:
             return None
 
@@ -81,7 +85,8 @@ class SensorShapes:
         keys = set(order)
         plan = None
         if (
-            "metrics" in keys
+            self._serves
+            and "metrics" in keys
             and not keys.intersection(fields.KIND)
             and not {"fields", "name"} <= keys  # a Telegraf metric
         ):
@@ -98,7 +103,7 @@ class SensorShapes:
         self._plans[order] = plan
         return plan
 
-    def _fill(self, doc: dict[str, Any], plan: _Plan) -> events_pb2.CleanEvent | None:
+    def _fill(self, doc: dict[str, Any], plan: _Plan, now_us: int) -> events_pb2.CleanEvent | None:
         metrics = doc["metrics"]
         if type(metrics) is not dict or not metrics:
             return None
@@ -110,7 +115,10 @@ class SensorShapes:
         when = doc[plan.time]
         if when is None:
             return None
-        set_timestamp(event.event_time, parse_time(when))
+        micros = parse_time(when)
+        if not 0 <= micros <= now_us + self._max_future_skew_us:
+            return None
+        set_timestamp(event.event_time, micros)
         if plan.attributes:
             attributes = doc["attributes"]
             if attributes is not None:
@@ -127,7 +135,8 @@ class SensorShapes:
         if not self._add_measurements(reading.measurements, metrics):
             return None
         for name in plan.extra:
-            event.attributes[name] = fields.attribute_value(doc[name])
+            item = doc[name]
+            event.attributes[name] = item if type(item) is str else fields.attribute_value(item)
         return event
 
     def _add_measurements(self, measurements: Any, metrics: dict[Any, Any]) -> bool:

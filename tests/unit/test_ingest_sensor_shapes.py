@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,8 @@ from svc_ingest.rules import CleaningRules
 from tests.unit.test_ingest_properties import sensor_docs
 
 RULES = CleaningRules(metric_ranges={"temperature": (-90.0, 60.0)})
+# Past every time the strategies draw: the time check is the cleaner's own test.
+NOW_US = 2_000_000_000 * 10**6
 
 
 def general(cleaner: Cleaner, doc: dict[str, Any]) -> bytes | RecordRejected:
@@ -33,7 +36,7 @@ def general(cleaner: Cleaner, doc: dict[str, Any]) -> bytes | RecordRejected:
 @given(doc=sensor_docs)
 def test_what_the_fast_path_accepts_is_the_general_paths_event(doc: dict[str, Any]) -> None:
     cleaner = Cleaner(RULES)
-    fast = cleaner._shapes.clean(doc)
+    fast = cleaner._shapes.clean(doc, NOW_US)
     expected = general(cleaner, doc)
     if fast is None:
         return
@@ -48,7 +51,7 @@ def test_the_benchmarks_readings_take_the_fast_path_and_repeat_their_plan() -> N
     for i in range(3):
         doc = payload.decode(sensor_event(i, now), "application/json", RULES)
         assert isinstance(doc, dict)
-        fast = cleaner._shapes.clean(doc)
+        fast = cleaner._shapes.clean(doc, NOW_US)
         assert fast is not None
         assert fast.SerializeToString() == general(cleaner, doc)
         assert fast.attributes["site"] == "plant-a"
@@ -80,14 +83,15 @@ READING: dict[str, Any] = {
         ({"device_id": ""}, "an empty device id"),
         ({"attributes": ["x"]}, "attributes not an object"),
         ({"fields": {"x": 1}, "name": "cpu"}, "a Telegraf metric"),
+        ({"timestamp": 2_000_000_301}, "too far ahead of the clock"),
     ],
 )
 def test_what_the_plan_does_not_cover_goes_to_the_general_path(
     change: dict[str, Any], why: str
 ) -> None:
     cleaner = Cleaner(RULES)
-    assert cleaner._shapes.clean(READING) is not None
-    assert cleaner._shapes.clean({**READING, **change}) is None, why
+    assert cleaner._shapes.clean(READING, NOW_US) is not None
+    assert cleaner._shapes.clean({**READING, **change}, NOW_US) is None, why
 
 
 def test_a_reading_without_an_id_gets_the_content_hash_through_the_fast_path() -> None:
@@ -104,7 +108,9 @@ numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers(1 - 2**63
 readings = st.fixed_dictionaries(
     {
         "device_id": st.sampled_from(["d-1", "Thermo 7", " ", ""]),
-        "timestamp": st.floats(1.6e9, 1.9e9) | st.integers(1_600_000_000, 1_900_000_000_000),
+        "timestamp": st.floats(1.6e9, 1.9e9)
+        | st.integers(1_600_000_000, 1_900_000_000)
+        | st.integers(1_600_000_000_000, 1_900_000_000_000),
         "metrics": st.dictionaries(
             st.sampled_from(["temperature", "humidity", "pressure", "Pressure", "x y"]),
             st.fixed_dictionaries(
@@ -128,10 +134,18 @@ def test_a_reading_of_plain_numbers_is_accepted_by_both_paths_or_by_neither(
     doc: dict[str, Any],
 ) -> None:
     cleaner = Cleaner(RULES)
-    fast = cleaner._shapes.clean(doc)
+    fast = cleaner._shapes.clean(doc, NOW_US)
     expected = general(cleaner, doc)
     if isinstance(expected, RecordRejected):
         assert fast is None
     else:
         assert fast is not None
         assert fast.SerializeToString() == cleaner._from_json(doc, b"k")[0].SerializeToString()
+
+
+def test_a_reading_ahead_of_the_clock_is_rejected_as_the_general_path_rejects_it() -> None:
+    cleaner = Cleaner(RULES)
+    value = orjson.dumps({**READING, "timestamp": 2_000_000_301})
+    with pytest.raises(RecordRejected) as rejected:
+        cleaner.clean_all(value, b"k", "application/json", NOW_US)
+    assert rejected.value.reason == "future_timestamp"
