@@ -20,7 +20,7 @@ EXTRAS ?= dev ingest transform monitor tuner tuner-gp $(FRAMEWORKS) client bench
 STAMPS := .setup-stamps
 PROTOS := $(shell find proto -name '*.proto')
 
-.PHONY: help demo setup system-deps venv proto jars test test-unit test-integration lint bench gpu-check infra-up infra-down clean
+.PHONY: help demo setup system-deps venv proto bytecode jars test test-unit test-integration lint bench gpu-check infra-up infra-down clean
 
 help:
 	@echo "make demo     set up, then run the whole stack end to end (DEMO_ARGS=--keep leaves it up)"
@@ -31,7 +31,7 @@ help:
 	@echo "make gpu-check  every training strategy on this machine's GPUs (GPU=1 for TensorFlow's CUDA build)"
 	@echo "make proto    regenerate shared/contracts from proto/"
 
-setup: system-deps venv proto jars
+setup: system-deps venv proto jars bytecode
 
 # Java 17 (Kafka's broker, Spark; the JDK compiles svc_transform's functions),
 # Maven (fetches the jars once) and redis-server: installed from Debian's
@@ -57,8 +57,16 @@ $(UV):
 	$(PYTHON) -m pip install --quiet --user uv==$(UV_VERSION) \
 	  || $(PYTHON) -m pip install --quiet --user --break-system-packages uv==$(UV_VERSION)
 
+# Bytecode compiled once, here: where PYTHONDONTWRITEBYTECODE is set (this
+# build machine sets it) nothing else writes it, and every process then
+# compiled each module it imported (importing sklearn, torch and optuna took
+# 6.0 s, 2.6 s with the venv compiled). uv compiles the venv; compileall the
+# project's own code, generated contracts included.
 venv: | $(UV)
-	@UV_PYTHON_DOWNLOADS=never $(UV) sync --quiet --frozen --python $(PYTHON) $(addprefix --extra ,$(EXTRAS))
+	@UV_PYTHON_DOWNLOADS=never $(UV) sync --quiet --frozen --compile-bytecode --python $(PYTHON) $(addprefix --extra ,$(EXTRAS))
+
+bytecode: proto
+	@$(PY) -m compileall -q -j 0 shared aistack compose loadgen bench $(wildcard svc_*)
 
 proto: $(STAMPS)/proto
 

@@ -2,27 +2,36 @@
 
 Trainers take whole partitions of ``aistack.tuning.trials`` (one consumer
 group), not single records, so where a request lands decides which trainer
-trains it. A request spread blindly (round-robin, or by key) can queue
-behind a long trial on a busy trainer while another trainer idles. So a
-request for a trial that fills a freed slot goes to the partition of the
-trial that just ended: that partition's trainer has just become free. The
-first requests, and those with no freed slot, go round-robin. With
-``max_parallel`` at least the partition count, every partition (so every
-trainer that owns one) always has a slot. Kept in memory: a restarted tuner
-starts round-robin again, which is only less tidy.
+trains it, and a trainer that owns more partitions than another (three
+partitions, two trainers) gets more of a blind round-robin. So the slots
+learn which trainer owns each partition from the reports (a report names
+its trainer; the last one for a partition wins, so a rebalance is learned
+as trials run) and a request goes to a partition of the trainer with the
+fewest trials in flight (placed and not ended, queued ones included): a
+partition whose owner is not known yet counts as a trainer of its own. On
+a tie, a partition freed by a trial that just ended comes first (its
+trainer has just become free), then round-robin. Kept in memory: a
+restarted tuner learns again, which is only less tidy.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter
 
 
 class PartitionSlots:
     def __init__(self, partitions: int) -> None:
         self._partitions = max(1, partitions)
         self._next = 0
-        self._placed: dict[str, int] = {}
-        self._freed: deque[int] = deque()
+        self._placed: dict[str, int] = {}  # trial id → partition, while in flight
+        self._freed: list[int] = []  # in the order trials ended
+        self._owners: dict[int, str] = {}  # partition → trainer id, as reported
+
+    def reported(self, trial_id: str, trainer_id: str) -> None:
+        """``trainer_id`` reported on ``trial_id``: it owns the trial's partition."""
+        partition = self._placed.get(trial_id)
+        if partition is not None and trainer_id:
+            self._owners[partition] = trainer_id
 
     def ended(self, trial_id: str) -> None:
         """``trial_id`` ended (completed, pruned, failed): its partition is free."""
@@ -33,14 +42,26 @@ class PartitionSlots:
     def place(self, trial_id: str) -> int:
         """The partition for a request of ``trial_id`` (a new trial or a new attempt)."""
         self._placed.pop(trial_id, None)
-        if self._freed:
-            partition = self._freed.popleft()
+        loads = Counter(self._owner(p) for p in self._placed.values())
+        order = [(self._next + step) % self._partitions for step in range(self._partitions)]
+        freed = self._freed
+        partition = min(
+            order,
+            key=lambda p: (
+                loads[self._owner(p)],
+                (0, freed.index(p)) if p in freed else (1, order.index(p)),
+            ),
+        )
+        if partition in freed:
+            self._freed.remove(partition)
         else:
-            partition = self._next % self._partitions
-            self._next += 1
+            self._next = partition + 1
         self._placed[trial_id] = partition
         return partition
 
     def forget_freed(self) -> None:
         """No request took the freed slots (the studies were full or over)."""
         self._freed.clear()
+
+    def _owner(self, partition: int) -> str:
+        return self._owners.get(partition) or f"partition {partition}"

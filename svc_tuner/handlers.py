@@ -49,6 +49,7 @@ class ReportHandler:
                 batch.refuse(record, RecordRefused(error.message, reason=UNKNOWN_TRIAL))
                 continue
             outcome.extend(applied)
+            self._slots.reported(report.trial_id, report.trainer_id)
             # A trial pruned now ends on its trainer within an epoch.
             ended = {control.trial_id for control in applied.controls}
             if report.WhichOneof("event") in _FINAL:

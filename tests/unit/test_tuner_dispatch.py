@@ -40,3 +40,34 @@ def test_a_new_attempt_is_placed_afresh() -> None:
     assert slots.place("s/0") == 1  # requested again (lost): not bound to its old place
     slots.ended("s/0")
     assert slots.place("s/1") == 1
+
+
+def test_requests_go_to_the_trainer_with_the_fewest_trials_once_owners_are_reported() -> None:
+    """Three partitions, two trainers: "a" owns 0 and 1, "b" owns 2. Blind
+    round-robin gives "a" three of every four trials."""
+    slots = PartitionSlots(3)
+    first = [slots.place(f"s/{n}") for n in range(4)]
+    assert first == [0, 1, 2, 0]  # nothing reported yet
+    for n, partition in enumerate(first):
+        slots.reported(f"s/{n}", "a" if partition in (0, 1) else "b")
+    slots.ended("s/0")  # "a" finishes one: it still has two in flight, "b" one
+    assert slots.place("s/4") == 2
+    slots.ended("s/2")  # "b" is down to one (s/4) against two on "a"
+    assert slots.place("s/5") == 2
+    slots.ended("s/1")  # "a" is down to one: of its freed partitions, the first freed
+    assert slots.place("s/6") == 0
+
+
+def test_a_rebalance_is_learned_from_the_next_report() -> None:
+    slots = PartitionSlots(2)
+    assert [slots.place(f"s/{n}") for n in range(2)] == [0, 1]
+    slots.reported("s/0", "a")
+    slots.reported("s/1", "a")  # "a" holds both partitions
+    assert slots.place("s/2") == 0  # every partition is a's: round-robin among them
+    slots.reported("s/2", "b")  # partition 0 moved to "b"
+    slots.ended("s/0")
+    # "b" has s/2; "a" has s/1: a tie, and partition 0 was just freed.
+    assert slots.place("s/3") == 0
+    # A report for a trial not in flight teaches nothing.
+    slots.reported("other/1", "c")
+    assert slots.place("s/4") == 1
