@@ -93,7 +93,7 @@ def sampler() -> optuna.samplers.BaseSampler:
     by a TPE seeded for it alone): one trial at a time, every way trains the
     same configurations (a TPESampler seeded once proposed others, of other
     sizes and costs)."""
-    from compose.study import load_spec
+    from aistack.studies import load_spec
     from svc_tuner.spec import seeded_sampler
 
     spec = SPEC.format(
