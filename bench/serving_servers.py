@@ -34,6 +34,7 @@ from shared.ports import free_port
 AISTACK_BATCHED = "aistack batched"
 AISTACK_UNBATCHED = "aistack unbatched"
 AISTACK_LOG_OFF = "aistack batched log-off"
+AISTACK_UNBATCHED_LOG_OFF = "aistack unbatched log-off"
 KSERVE = "kserve"
 
 
@@ -191,10 +192,10 @@ def _start(
 def start_aistack(name: str, topics: tuple[str, str, str], state: Path, threads: int) -> Server:
     """svc_model as ``name`` says: batched or not, and the prediction log on
     for every request (the worst case of its cost; this run's own topic) or
-    off (``AISTACK_LOG_OFF``)."""
+    off (the ``log-off`` names)."""
     port, metrics_port = free_port(), free_port()
-    batching = name != AISTACK_UNBATCHED
-    log_fraction = "0" if name == AISTACK_LOG_OFF else "1.0"
+    batching = name not in (AISTACK_UNBATCHED, AISTACK_UNBATCHED_LOG_OFF)
+    log_fraction = "0" if name in (AISTACK_LOG_OFF, AISTACK_UNBATCHED_LOG_OFF) else "1.0"
     directory = state / name.replace(" ", "-")
     directory.mkdir()
     env = child_env(
