@@ -27,6 +27,8 @@ _CHUNK = 1 << 20
 # model server loads it (``torch.export``'s format).
 TORCH_EXPORT_FILE = "model.pt2"
 # The file naming a remote checkpoint's current version (``put_checkpoint``).
+# Pointer reads a checkpoint's copy may take while writers keep replacing it.
+_CHECKPOINT_READS = 5
 _LATEST = "LATEST"
 
 
@@ -178,14 +180,40 @@ class ArtifactStore:
 
     def get_checkpoint(self, key: str, local: Path) -> bool:
         """Copy the checkpoint ``put_checkpoint`` left at ``key`` into
-        ``local`` (replacing it); False when there is none."""
+        ``local`` (replacing it); False when there is none.
+
+        A writer may replace the version the pointer named while it is being
+        copied (a new version, the pointer moved, the old one removed): the
+        copy then fails or finds nothing, and the pointer, read again, names
+        the newer one, which is copied instead. A failure with the pointer
+        unmoved is the store's, and is raised."""
         if self.local:
             return self.get_dir(key, local)
+        version = self._checkpoint_version(key)
+        for _ in range(_CHECKPOINT_READS):
+            if version is None:
+                return False
+            try:
+                if self.get_dir(f"{key}/{version}", local):
+                    return True
+                error: Exception | None = None
+            except Exception as failed:  # any store's "gone" (FTP: error_perm 550)
+                error = failed
+            moved = self._checkpoint_version(key)
+            if moved == version:
+                if error is not None:
+                    raise error
+                return False
+            version = moved
+        raise FailedPrecondition(
+            f"checkpoint {key!r} was replaced {_CHECKPOINT_READS} times while being read"
+        )
+
+    def _checkpoint_version(self, key: str) -> str | None:
         try:
-            version = self._fs.cat_file(self.path(f"{key}/{_LATEST}")).decode().strip()
+            return str(self._fs.cat_file(self.path(f"{key}/{_LATEST}")).decode().strip())
         except FileNotFoundError:
-            return False
-        return self.get_dir(f"{key}/{version}", local)
+            return None
 
     def remove(self, key: str) -> None:
         if self._fs.exists(self.path(key)):

@@ -204,6 +204,40 @@ def test_a_remote_checkpoint_is_replaced_only_by_a_whole_one(tmp_path: Path) -> 
     assert (tmp_path / "back" / "state").read_bytes() == b"epoch 3"
 
 
+def test_a_checkpoint_replaced_while_being_read_is_read_again_from_the_pointer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer puts a new version, moves the pointer and removes the old one
+    between a reader's read of the pointer and its copy (measured in CI: FTP
+    answered 550 for the removed version)."""
+    store = ArtifactStore(f"memory://aistack-{tmp_path.name}")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "state").write_bytes(b"epoch 1")
+    store.put_checkpoint(tmp_path / "ckpt", "checkpoints/s/1")
+    copy = store.get_dir
+    raced: list[str] = []
+
+    def copy_after_a_writer(key: str, local: Path) -> bool:
+        if not raced:
+            raced.append(key)
+            (tmp_path / "ckpt" / "state").write_bytes(b"epoch 2")
+            store.put_checkpoint(tmp_path / "ckpt", "checkpoints/s/1")
+        return copy(key, local)
+
+    monkeypatch.setattr(store, "get_dir", copy_after_a_writer)
+    assert store.get_checkpoint("checkpoints/s/1", tmp_path / "back")
+    assert (tmp_path / "back" / "state").read_bytes() == b"epoch 2"
+    assert raced
+
+    def broken(key: str, local: Path) -> bool:
+        raise OSError("the store is down")
+
+    # With the pointer unmoved, a failed copy is the store's failure.
+    monkeypatch.setattr(store, "get_dir", broken)
+    with pytest.raises(OSError, match="down"):
+        store.get_checkpoint("checkpoints/s/1", tmp_path / "again")
+
+
 def test_a_local_checkpoint_is_a_plain_directory(tmp_path: Path) -> None:
     store = ArtifactStore(str(tmp_path / "store"))
     (tmp_path / "ckpt").mkdir()
