@@ -48,7 +48,12 @@ def free_trainer_base(avoid: set[int] | None = None) -> int:
 
 
 def stack_settings(state_dir: Path, **overrides: Any) -> StackSettings:
-    ports = free_ports(11)
+    # The ports a test gives (and the second trainer's, 10 above its base) are
+    # never handed to another service: a random pick once matched one (CI).
+    given = {value for name, value in overrides.items() if name.endswith("_port")}
+    if "trainer_metrics_port" in overrides:
+        given.add(overrides["trainer_metrics_port"] + 10)
+    ports = [port for port in free_ports(11 + len(given)) if port not in given][:11]
     infra = InfraSettings(
         kafka_port=overrides.pop("kafka_port", ports[0]),
         kafka_controller_port=ports[1],
@@ -61,7 +66,7 @@ def stack_settings(state_dir: Path, **overrides: Any) -> StackSettings:
         "ingest_metrics_port": ports[5],
         "transform_metrics_port": ports[6],
         "tuner_metrics_port": ports[7],
-        "trainer_metrics_port": free_trainer_base(avoid=set(ports)),
+        "trainer_metrics_port": free_trainer_base(avoid=set(ports) | given),
         "model_metrics_port": ports[9],
         "monitor_metrics_port": ports[10],
         "trainers": 2,
