@@ -4,8 +4,12 @@ The ids a batch accepts from one raw partition are stored together, as one
 entry (``{partition}/{first offset}`` → packed ids and first-seen times): one
 store write and one changelog record per batch and partition, not per event,
 which is most of the cost of a table at tens of thousands of events a second.
-Lookups go to an in-memory index of the same ids, rebuilt from the store
-after a restore (``rebuild``). svc_ingest backs the store with a Faust table,
+Lookups go to an in-memory index of the same ids (``IdIndex``: hashes in
+flat arrays, not a dict), rebuilt from the store after a restore
+(``rebuild``). Each stored group's keys in that index are kept beside it, so
+that expiring a group reads nothing back from the store: in steady state the
+store is only written (RocksDB's block cache would otherwise fill with every
+group read back a window later). svc_ingest backs the store with a Faust table,
 so it survives restarts through the table's changelog.
 
 A new id is first *pending*: it reaches the store only once the outputs it
@@ -17,9 +21,13 @@ that never left: a loss.
 from __future__ import annotations
 
 import struct
+from array import array
 from collections import deque
 from collections.abc import Iterator, MutableMapping
+from contextlib import suppress
 from dataclasses import dataclass, field
+
+from svc_ingest.id_index import IdIndex
 
 _ENTRY = struct.Struct(">QH")  # first-seen ms, id length; the id follows
 
@@ -52,6 +60,8 @@ class Sightings:
     key: bytes
     partition: int
     entries: list[tuple[bytes, int]] = field(default_factory=list)
+    # Each entry's key in the index, in the same order.
+    id_keys: list[int] = field(default_factory=list)
     # The packed entries, set when the group is taken for writing.
     value: bytes = b""
 
@@ -62,23 +72,22 @@ class DedupWindow:
     def __init__(self, store: MutableMapping[bytes, bytes], window_ms: int) -> None:
         self._store = store
         self._window_ms = window_ms
-        self._seen: dict[bytes, int] = {}  # id → first-seen ms
+        # id → first-seen ms, the pending ids too: one probe an event decides
+        # and holds it, and a repeat within the batch finds it there.
+        self._seen = IdIndex()
         self._pending: dict[int, Sightings] = {}  # by partition
-        self._pending_ids: set[bytes] = set()
-        self._expiry: deque[tuple[int, bytes]] = deque()  # (newest ms, store key)
+        self._expiry: deque[_StoredGroup] = deque()  # oldest first
 
     def first_sighting(self, event_id: bytes, now_ms: int, partition: int, offset: int) -> bool:
         """True if ``event_id`` was not seen within the window; it is then pending."""
-        if event_id in self._pending_ids:
-            return False
-        seen = self._seen.get(event_id)
-        if seen is not None and now_ms - seen <= self._window_ms:
+        key = self._seen.claim(event_id, now_ms, self._window_ms)
+        if not key:
             return False
         group = self._pending.get(partition)
         if group is None:
             group = self._pending[partition] = Sightings(group_key(partition, offset), partition)
         group.entries.append((event_id, now_ms))
-        self._pending_ids.add(event_id)
+        group.id_keys.append(key)
         return True
 
     def take_sightings(self) -> list[Sightings]:
@@ -86,50 +95,63 @@ class DedupWindow:
         store's changelog (this writes the local store)."""
         taken = list(self._pending.values())
         self._pending = {}
-        self._pending_ids = set()
         for group in taken:
             group.value = pack(group.entries)
-            newest = 0
-            for event_id, ms in group.entries:
-                self._seen[event_id] = ms
-                newest = max(newest, ms)
             self._store[group.key] = group.value
-            self._expiry.append((newest, group.key))
+            times = array("q", [ms for _, ms in group.entries])
+            self._expiry.append(
+                _StoredGroup(max(times), group.key, array("Q", group.id_keys), times)
+            )
         return taken
 
     def discard_pending(self) -> None:
         """Forget the pending ids: their batch failed and will be redelivered."""
+        forget = self._seen.remove_if_seen_at
+        for group in self._pending.values():
+            for key, (_, ms) in zip(group.id_keys, group.entries, strict=True):
+                forget(key, ms)
         self._pending = {}
-        self._pending_ids = set()
 
     def expire(self, now_ms: int) -> list[tuple[bytes, int]]:
         """Forget groups whose newest id is more than a window old; returns the
         (store key, partition) of each, for the caller to write tombstones."""
         horizon = now_ms - self._window_ms
         expired: list[tuple[bytes, int]] = []
-        while self._expiry and self._expiry[0][0] < horizon:
-            _, key = self._expiry.popleft()
-            raw = self._store.get(key)
-            if raw is None:
-                continue
-            for event_id, ms in unpack(raw):
-                if self._seen.get(event_id) == ms:
-                    del self._seen[event_id]
-            del self._store[key]
-            expired.append((key, group_partition(key)))
+        forget = self._seen.remove_if_seen_at
+        while self._expiry and self._expiry[0].newest_ms < horizon:
+            group = self._expiry.popleft()
+            for key, ms in zip(group.id_keys, group.times, strict=True):
+                forget(key, ms)
+            # A delete, not a pop: a pop reads the value back first.
+            with suppress(KeyError):
+                del self._store[group.key]
+            expired.append((group.key, group_partition(group.key)))
         return expired
 
     def rebuild(self) -> int:
         """Reload the index from the store (after a restore or a rebalance);
         returns how many ids it holds."""
-        self._seen = {}
-        expiry: list[tuple[int, bytes]] = []
-        for key, raw in self._store.items():
-            newest = 0
-            for event_id, ms in unpack(raw):
-                if self._seen.get(event_id, -1) < ms:
-                    self._seen[event_id] = ms
-                newest = max(newest, ms)
-            expiry.append((newest, key))
-        self._expiry = deque(sorted(expiry))
+        self._seen = IdIndex()
+        groups = [self._remember(key, list(unpack(raw))) for key, raw in self._store.items()]
+        self._expiry = deque(sorted(groups, key=lambda group: group.newest_ms))
         return len(self._seen)
+
+    def _remember(self, store_key: bytes, entries: list[tuple[bytes, int]]) -> _StoredGroup:
+        """Hold a stored group's ids in the index. A rebuild reads groups in
+        any order: an id already held at a later time keeps it."""
+        seen = self._seen
+        entries = [(i, ms) for i, ms in entries if (seen.get(i) or 0) <= ms]
+        put = seen.put
+        id_keys = array("Q", [put(event_id, ms) for event_id, ms in entries])
+        times = array("q", [ms for _, ms in entries])
+        return _StoredGroup(max(times, default=0), store_key, id_keys, times)
+
+
+@dataclass(slots=True, frozen=True)
+class _StoredGroup:
+    """A group in the store, as the index holds it: what expiring it forgets."""
+
+    newest_ms: int
+    key: bytes
+    id_keys: array[int]
+    times: array[int]

@@ -82,3 +82,14 @@ def test_rebuild_restores_the_index_from_the_store() -> None:
 def test_pack_round_trips() -> None:
     entries = [(b"", 0), (b"x" * 300, 2**63), ("é".encode(), 12)]
     assert list(unpack(pack(entries))) == entries
+
+
+def test_a_failed_batch_forgets_a_repeat_it_had_taken_after_the_window() -> None:
+    window = DedupWindow({}, window_ms=1000)
+    assert window.first_sighting(b"a", 1_000, 0, 0)
+    window.take_sightings()
+    assert window.first_sighting(b"a", 5_000, 0, 1)  # past the window: new again
+    window.discard_pending()
+    assert window.first_sighting(b"a", 5_100, 0, 1)  # the redelivered record
+    assert [g.entries for g in window.take_sightings()] == [[(b"a", 5_100)]]
+    assert not window.first_sighting(b"a", 5_200, 0, 2)

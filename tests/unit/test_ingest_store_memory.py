@@ -1,10 +1,14 @@
 """svc_ingest's dedup table keeps its RocksDB memory small: a steady stream
-of writes no longer grows the process by Faust's 64 MiB memtables."""
+of writes no longer grows the process by Faust's 64 MiB memtables, nor
+RocksDB's threads by a malloc arena each."""
 
 from __future__ import annotations
 
 import os
+import platform
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +57,16 @@ def test_half_an_hour_of_dedup_entries_keeps_the_memtables_small(tmp_path: Path)
         assert 0 < largest <= 17 * MIB
     finally:
         db.close()
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the arena cap is glibc's mallopt")
+def test_the_worker_caps_glibcs_malloc_arenas() -> None:
+    # A process of its own: the cap holds for the whole process.
+    code = (
+        "from svc_ingest.__main__ import MALLOC_ARENAS, limit_malloc_arenas; "
+        "print(limit_malloc_arenas(MALLOC_ARENAS))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "True"
