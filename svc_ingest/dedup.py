@@ -27,7 +27,9 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 
-from svc_ingest.id_index import IdIndex
+import numpy as np
+
+from svc_ingest.id_index import IdIndex, id_key
 
 _ENTRY = struct.Struct(">QH")  # first-seen ms, id length; the id follows
 
@@ -130,21 +132,23 @@ class DedupWindow:
 
     def rebuild(self) -> int:
         """Reload the index from the store (after a restore or a rebalance);
-        returns how many ids it holds."""
-        self._seen = IdIndex()
-        groups = [self._remember(key, list(unpack(raw))) for key, raw in self._store.items()]
+        returns how many ids it holds. An id in several groups is held at
+        its latest time; each group keeps all of its own, for its expiry."""
+        groups = []
+        all_keys = array("Q")
+        all_times = array("q")
+        for store_key, raw in self._store.items():
+            entries = list(unpack(raw))
+            id_keys = array("Q", [id_key(event_id) for event_id, _ in entries])
+            times = array("q", [ms for _, ms in entries])
+            groups.append(_StoredGroup(max(times, default=0), store_key, id_keys, times))
+            all_keys.extend(id_keys)
+            all_times.extend(times)
+        self._seen = IdIndex.of(
+            np.array(all_keys, dtype=np.uint64), np.array(all_times, dtype=np.int64)
+        )
         self._expiry = deque(sorted(groups, key=lambda group: group.newest_ms))
         return len(self._seen)
-
-    def _remember(self, store_key: bytes, entries: list[tuple[bytes, int]]) -> _StoredGroup:
-        """Hold a stored group's ids in the index. A rebuild reads groups in
-        any order: an id already held at a later time keeps it."""
-        seen = self._seen
-        entries = [(i, ms) for i, ms in entries if (seen.get(i) or 0) <= ms]
-        put = seen.put
-        id_keys = array("Q", [put(event_id, ms) for event_id, ms in entries])
-        times = array("q", [ms for _, ms in entries])
-        return _StoredGroup(max(times, default=0), store_key, id_keys, times)
 
 
 @dataclass(slots=True, frozen=True)

@@ -1,10 +1,10 @@
 """Event ids and when each was first seen, in two flat arrays instead of a dict.
 
 At 2,000 events a second a 600 s dedup window holds 1.2 million ids. Kept as a
-dict of ``bytes`` → ``int`` that is about 200 MB of small objects, and a dict
+dict of ``bytes`` → ``int`` that is about 130 MB of small objects, and a dict
 that churns (ids in, ids out) resizes once more after the window first fills:
-svc_ingest's memory grew 1.24 to 1.30 times after the warm-up of a 30-minute soak
-(``bench.soak``; its goal is 1.2). Here an id is held as its 64-bit hash in an
+svc_ingest's memory grew 1.24 to 1.30 times after the warm-up of a 30-minute
+soak (``bench.soak``; its goal is 1.2). Here an id is held as its 64-bit hash in an
 open-addressing table with linear probing, its first-seen time beside it: 16
 bytes a slot, 64 MB for 1.2 million ids. Removing an id shifts the rest of its
 run back (no tombstones), so the table's size follows the most ids ever held
@@ -20,6 +20,7 @@ a duplicate of another.
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import numpy as np
 
@@ -63,17 +64,6 @@ class IdIndex:
         slot = self._slot(key)
         return self._times[slot] if self._keys[slot] == key else None
 
-    def put(self, event_id: bytes, ms: int) -> int:
-        """Hold ``event_id`` as first seen at ``ms`` (replacing its time if
-        held); returns its key, for ``remove_if_seen_at``."""
-        key = id_key(event_id)
-        slot = self._slot(key)
-        if self._keys[slot] == key:
-            self._times[slot] = ms
-        else:
-            self._insert(slot, key, ms)
-        return key
-
     def claim(self, event_id: bytes, ms: int, within_ms: int) -> int:
         """Hold ``event_id`` as first seen at ``ms`` unless it is held as seen
         at most ``within_ms`` before; its key if it was claimed, else 0."""
@@ -94,7 +84,7 @@ class IdIndex:
         return key
 
     def remove_if_seen_at(self, key: int, ms: int) -> bool:
-        """Forget the id of ``key`` (as ``put`` returned it) if it is held as
+        """Forget the id of ``key`` (as ``claim`` returned it) if it is held as
         first seen at ``ms`` (a later sighting has a newer group of its own,
         which forgets it in turn)."""
         slot = self._slot(key)
@@ -149,29 +139,52 @@ class IdIndex:
         self._mask = slots - 1
         self._limit = slots * _MAX_LOAD_TENTHS // 10
 
+    @classmethod
+    def of(cls, keys: np.ndarray[Any, Any], times: np.ndarray[Any, Any]) -> IdIndex:
+        """An index of ``keys`` (``id_key``'s, as uint64) each held at its
+        latest time in ``times`` (int64): a rebuild's million ids at once."""
+        order = np.lexsort((times, keys))
+        keys, times = keys[order], times[order]
+        latest = np.ones(len(keys), dtype=bool)
+        latest[:-1] = keys[1:] != keys[:-1]
+        slots = _MIN_SLOTS
+        while int(latest.sum()) > slots * _MAX_LOAD_TENTHS // 10:
+            slots *= 2
+        index = cls(slots)
+        index._place(keys[latest], times[latest])
+        return index
+
     def _resize(self, slots: int) -> None:
-        # Vectorised: a Python loop over a million slots stalls the worker for
-        # a fifth of a second. In order of home slot, each key goes to the
-        # first free slot at or after its home: with ranks i, that is
-        # i + max over j <= i of (home_j - j). Keys pushed past the end wrap
-        # round: they are placed one by one, as ``put`` would.
         held = np.frombuffer(self._keys, dtype=np.uint64)
         live = held != _EMPTY
         keys = held[live]
         times = np.frombuffer(self._times, dtype=np.int64)[live]
-        del held
+        del held  # a view holds the array's buffer
+        self._allocate(slots)
+        self._place(keys, times)
+
+    def _place(self, keys: np.ndarray[Any, Any], times: np.ndarray[Any, Any]) -> None:
+        """Hold distinct ``keys`` in the table, empty before.
+
+        Vectorised: a Python loop over a million keys stalls the worker for
+        a fifth of a second. In order of home slot, each key goes to the
+        first free slot at or after its home: with ranks i, that is
+        i + max over j <= i of (home_j - j). Keys pushed past the end wrap
+        round: they are placed one by one, as ``claim`` would.
+        """
+        slots = self.slots
         home = (keys & np.uint64(slots - 1)).astype(np.int64)
         order = np.argsort(home)
         keys, times, home = keys[order], times[order], home[order]
         rank = np.arange(len(home), dtype=np.int64)
         at = rank + np.maximum.accumulate(home - rank)
-        self._allocate(slots)
         inside = at < slots
         new_keys = np.frombuffer(self._keys, dtype=np.uint64)
         new_keys[at[inside]] = keys[inside]
         np.frombuffer(self._times, dtype=np.int64)[at[inside]] = times[inside]
-        del new_keys  # a view holds the array's buffer
+        del new_keys
         for key, ms in zip(keys[~inside].tolist(), times[~inside].tolist(), strict=True):
             slot = self._slot(key)
             self._keys[slot] = key
             self._times[slot] = ms
+        self._count = len(keys)

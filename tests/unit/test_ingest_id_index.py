@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,7 +28,7 @@ def test_ids_sharing_a_home_slot_across_the_end_of_the_table_survive_a_removal()
     last = ids_at_home(15, 16, 3)  # their run wraps to slots 0 and 1
     first = ids_at_home(0, 16, 2)  # homes taken by the wrapped ones: pushed on
     for ms, event_id in enumerate(last + first):
-        index.put(event_id, ms)
+        index.claim(event_id, ms, 0)
     assert index.remove_if_seen_at(id_key(last[0]), 0)
     assert index.get(last[0]) is None
     assert [index.get(i) for i in last[1:] + first] == [1, 2, 3, 4]
@@ -36,18 +37,18 @@ def test_ids_sharing_a_home_slot_across_the_end_of_the_table_survive_a_removal()
 
 def test_an_id_is_removed_only_at_the_time_it_is_held_at() -> None:
     index = IdIndex()
-    index.put(b"a", 1_000)
-    index.put(b"a", 3_000)  # seen again after its window: a newer group holds it
+    index.claim(b"a", 1_000, 0)
+    index.claim(b"a", 3_000, 0)  # seen again after its window: a newer group holds it
     assert not index.remove_if_seen_at(id_key(b"a"), 1_000)
     assert index.get(b"a") == 3_000
     assert index.remove_if_seen_at(id_key(b"a"), 3_000) and len(index) == 0
 
 
-def test_the_table_doubles_past_seven_tenths_full_and_keeps_every_id() -> None:
+def test_the_table_doubles_past_half_full_and_keeps_every_id() -> None:
     index = IdIndex(slots=16)
     ids = [f"e{n}".encode() for n in range(12)]
     for ms, event_id in enumerate(ids):
-        index.put(event_id, ms)
+        index.claim(event_id, ms, 0)
     assert index.slots == 32
     assert [index.get(i) for i in ids] == list(range(12))
 
@@ -57,7 +58,7 @@ def test_a_resize_wraps_the_keys_it_pushes_past_the_end() -> None:
     last = ids_at_home(63, 64, 4)  # after doubling, all want the last slot
     fillers = [i for i in (f"f{n}".encode() for n in range(100)) if i not in last][:13]
     for ms, event_id in enumerate(last + fillers):  # the 17th doubles the table
-        index.put(event_id, ms)
+        index.claim(event_id, ms, 0)
     assert index.slots == 64
     assert [index.get(i) for i in last + fillers] == list(range(17))
     assert index.remove_if_seen_at(id_key(last[0]), 0)
@@ -68,11 +69,11 @@ def test_a_window_of_churn_keeps_the_table_its_size() -> None:
     # The dedup window's pattern: as many ids leave as arrive.
     index = IdIndex(slots=16)
     for n in range(1000):
-        index.put(f"e{n}".encode(), n)
+        index.claim(f"e{n}".encode(), n, 0)
     slots = index.slots
     for n in range(1000, 20_000):
         assert index.remove_if_seen_at(id_key(f"e{n - 1000}".encode()), n - 1000)
-        index.put(f"e{n}".encode(), n)
+        index.claim(f"e{n}".encode(), n, 0)
     assert index.slots == slots and len(index) == 1000
     assert index.get(b"e19999") == 19_999 and index.get(b"e18999") is None
 
@@ -82,11 +83,32 @@ def test_a_table_size_that_is_not_a_power_of_two_is_refused() -> None:
         IdIndex(slots=12)
 
 
+def test_an_id_seen_within_the_window_is_not_claimed_again() -> None:
+    index = IdIndex()
+    key = index.claim(b"a", 1_000, 500)
+    assert key == id_key(b"a")
+    assert index.claim(b"a", 1_500, 500) == 0  # a duplicate: its time stays
+    assert index.get(b"a") == 1_000
+    assert index.claim(b"a", 1_501, 500) == key and index.get(b"a") == 1_501
+
+
+def test_an_index_of_a_rebuild_holds_each_key_at_its_latest_time() -> None:
+    ids = [f"e{n}".encode() for n in range(5000)]
+    keys = np.array([id_key(i) for i in ids] + [id_key(ids[0])], dtype=np.uint64)
+    times = np.array([*range(5000), 9_999], dtype=np.int64)  # e0 seen again, later
+    index = IdIndex.of(keys, times)
+    assert len(index) == 5000 and len(index) * 2 <= index.slots
+    assert index.get(ids[0]) == 9_999
+    assert [index.get(i) for i in ids[1:]] == list(range(1, 5000))
+    assert index.claim(b"new", 1, 0) and len(index) == 5001
+
+
 operations = st.lists(
     st.tuples(
-        st.sampled_from(["put", "remove", "remove_other_time"]),
+        st.sampled_from(["claim", "remove", "remove_other_time"]),
         st.integers(0, 40).map(lambda n: f"id-{n}".encode()),
         st.integers(0, 5),
+        st.integers(-1, 3),
     ),
     max_size=300,
 )
@@ -94,13 +116,18 @@ operations = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(operations)
-def test_the_index_answers_as_a_dict_would(ops: list[tuple[str, bytes, int]]) -> None:
+def test_the_index_answers_as_a_dict_would(ops: list[tuple[str, bytes, int, int]]) -> None:
     index = IdIndex(slots=4)
     model: dict[bytes, int] = {}
-    for op, event_id, ms in ops:
-        if op == "put":
-            index.put(event_id, ms)
-            model[event_id] = ms
+    for op, event_id, ms, within in ops:
+        if op == "claim":
+            held = model.get(event_id)
+            claimed = index.claim(event_id, ms, within)
+            if held is not None and ms - held <= within:
+                assert claimed == 0
+            else:
+                assert claimed == id_key(event_id)
+                model[event_id] = ms
         else:
             at = ms if op == "remove" else model.get(event_id, ms)
             removed = index.remove_if_seen_at(id_key(event_id), at)
