@@ -92,7 +92,13 @@ def add_parser(commands: Any) -> None:
     study.add_argument("--ca", help="CA file: use TLS (AISTACK_TUNER_TLS_CA_FILE)")
     actions = study.add_subparsers(dest="action", required=True)
     create = actions.add_parser("create", help="create a study from a YAML or JSON spec")
-    create.add_argument("-f", "--file", required=True, help="the spec; - for standard input")
+    # The spec as SPEC or as -f (the older spelling, kept): exactly one, which
+    # argparse enforces and names in one line when neither or both are given.
+    spec_source = create.add_mutually_exclusive_group(required=True)
+    spec_source.add_argument(
+        "spec", nargs="?", metavar="SPEC", help="the spec; - for standard input"
+    )
+    spec_source.add_argument("-f", "--file", help="the same as SPEC")
     create.add_argument(
         "--code",
         metavar="DIR",
@@ -160,7 +166,8 @@ async def _run(args: argparse.Namespace, settings: TunerClientSettings) -> int:
 
 async def _dispatch(stub: TunerServiceStub, args: argparse.Namespace) -> int:
     if args.action == "create":
-        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        source = args.spec if args.spec is not None else args.file
+        text = sys.stdin.read() if source == "-" else Path(source).read_text()
         spec = load_spec(text)
         if args.code:
             package = ship_code(Path(args.code), load_settings(ClientSettings).artifact_root())

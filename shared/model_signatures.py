@@ -34,6 +34,10 @@ _NUMPY_TO_PROTOCOL = {
 def detect_format(path: Path) -> int:
     """The ``ArtifactFormat`` of a file or directory; InvalidArgument when
     it is none aistack serves."""
+    # Before the suffixes: a missing model.pt would otherwise pass as
+    # TorchScript and fail later, far from the name the user gave.
+    if not path.exists():
+        raise InvalidArgument(f"--artifact {path}: no such file or directory")
     if path.is_dir():
         if (path / "saved_model.pb").is_file():
             return models_pb2.ARTIFACT_FORMAT_TF_SAVED_MODEL
@@ -45,8 +49,6 @@ def detect_format(path: Path) -> int:
         return models_pb2.ARTIFACT_FORMAT_TORCH_EXPORT
     elif path.suffix in (".pt", ".ts"):
         return models_pb2.ARTIFACT_FORMAT_TORCHSCRIPT
-    elif not path.exists():
-        raise InvalidArgument(f"--artifact {path}: no such file or directory")
     raise InvalidArgument(
         f"--artifact {path}: not a torch.export program (.pt2), a TorchScript file (.pt) "
         "or a SavedModel directory (saved_model.pb)"

@@ -124,7 +124,7 @@ def standalone_cluster(
 def _alive(cluster: StandaloneCluster) -> int:
     try:
         return cluster.alive_workers()
-    except OSError:  # the master's web UI is not up yet
+    except (OSError, ValueError):  # the master's web UI not up yet, or answering an empty page
         return 0
 
 

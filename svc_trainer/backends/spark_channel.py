@@ -33,6 +33,8 @@ log = get_logger("svc_trainer")
 
 #: How long a rank waits to connect to, or hear back from, the driver.
 DRIVER_TIMEOUT_S = 60.0
+#: How often the driver checks in for the ranks while Spark launches them.
+LAUNCH_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -62,20 +64,41 @@ class RankFailure:
 class ProgressServer:
     """The driver's end: forwards rank 0's reports to ``channel`` (one
     thread at a time) and keeps the first failure a rank reported. A context
-    manager: it listens from ``__enter__`` until ``__exit__``."""
+    manager: it listens from ``__enter__`` until ``__exit__``.
 
-    def __init__(self, host: str, channel: Channel) -> None:
+    Until rank 0 says it started, the server asks ``channel`` itself every
+    ``launch_check_s``: Spark is still getting executors and the ranks are
+    starting their processes (importing the framework, joining the
+    collective), tens of seconds on a cluster, and the trainer's stall watch
+    must not take that for a loop of the user's that stopped checking in.
+    From ``started`` on, only the ranks' own checks count."""
+
+    def __init__(
+        self, host: str, channel: Channel, *, launch_check_s: float = LAUNCH_CHECK_S
+    ) -> None:
         self._channel = channel
         self._lock = threading.Lock()
         self._listener = socket.create_server((host, 0))
         self.address = DriverAddress(host, self._listener.getsockname()[1], secrets.token_hex(16))
         self.failure: RankFailure | None = None
         self._closed = threading.Event()
+        self._started = threading.Event()
+        self._launch_check_s = launch_check_s
         self._accepting = threading.Thread(target=self._accept, name="spark-progress", daemon=True)
+        self._launching = threading.Thread(
+            target=self._check_in_while_launching, name="spark-launch", daemon=True
+        )
 
     def __enter__(self) -> ProgressServer:
         self._accepting.start()
+        self._launching.start()
         return self
+
+    def _check_in_while_launching(self) -> None:
+        while not self._started.is_set() and not self._closed.wait(self._launch_check_s):
+            with self._lock:
+                if not self._started.is_set():
+                    self._channel.stop_requested()
 
     def __exit__(
         self,
@@ -92,6 +115,8 @@ class ProgressServer:
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self._accepting.join(timeout=5)
+        if self._launching.is_alive():
+            self._launching.join(timeout=5)
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -123,6 +148,7 @@ class ProgressServer:
         with self._lock:
             event = message.get("event")
             if event == "started":
+                self._started.set()
                 self._channel.started(int(message["resumed_from_step"]), str(message["note"]))
             elif event == "epoch":
                 metrics = {str(k): float(v) for k, v in message["metrics"].items()}

@@ -2,11 +2,13 @@
 (``task.options.launcher: spark``, ``backends.tensorflow.spark``): each task
 sets its ``TF_CONFIG`` from the barrier's addresses, the chief reports
 through the driver every epoch and exports a SavedModel the model server
-loads. A built-in family on ``local[2]``, and a training loop of the user's,
-shipped as a package, on a standalone master with two workers."""
+loads. A built-in family on ``local[2]``; and a training loop of the user's,
+shipped with its study over the bus, on a standalone master with two workers."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,16 +16,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aistack.studies import ship_code
 from shared.artifacts import digest
+from shared.contracts.aistack.v1 import models_pb2
+from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.model_loading import load
 from shared.settings import SparkSettings
 from svc_trainer import trials
 from svc_trainer.backends import spark_launch
 from svc_trainer.backends.tensorflow import runner as tf_runner
-from svc_trainer.plan import CodeRef, RunResult, RunSpec, StopReason, TrialError
+from svc_trainer.plan import RunResult, RunSpec, StopReason, TrialError
+from tests.infra import Infra
 from tests.integration.trainer_service import trial_request
 from tests.integration.trainer_support import RecordingChannel, digits_splits, run_spec
+from tests.integration.user_stack import UserStack, study_spec
 from tests.spark_cluster import StandaloneCluster, standalone_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -116,31 +121,57 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneClus
         spark_launch.stop_session()
 
 
-def test_a_users_loop_runs_in_each_worker_on_a_standalone_master_with_two_workers(
-    tmp_path: Path, cluster: StandaloneCluster
+def test_a_users_loop_over_the_bus_runs_in_each_worker_of_a_standalone_master_with_two_workers(
+    infra: Infra, tmp_path: Path, cluster: StandaloneCluster
 ) -> None:
+    """A study on the bus (the tuner, a trainer whose Spark is the standalone
+    master, the model server): the shipped loop trains on two barrier tasks,
+    one on each worker, and the model it exports is served."""
     spark_launch.stop_session()  # a session of this process on another master
-    package = ship_code(LOOPS, str(tmp_path / "store"))
-    code = CodeRef(package.uri, package.sha256, str(tmp_path / "code" / package.sha256))
-    spec = mwms_spec(
+    spark = cluster.settings()
+    stack = UserStack(
+        infra,
         tmp_path,
-        cluster.settings(),
-        entrypoint="testloops.keras_loop:train",
-        model_family="",
-        objective_metric="val_loss",
-        epochs=3,
-        params={"width": 16},
-        code=code,
+        trainers=1,
+        trainer_env={
+            "AISTACK_SPARK_MASTER": spark.master,
+            "AISTACK_SPARK_CONF": json.dumps(spark.conf),
+        },
     )
-    channel = RecordingChannel()
-    result = tf_runner.run(spec, DIGITS, channel)
-    assert result.stopped is StopReason.NONE and result.epochs_completed == 3
-    assert [step for step, _ in channel.epochs()] == [1, 2, 3]
-    losses = [metrics["val_loss"] for _, metrics in channel.epochs()]
-    assert losses[-1] < losses[0]
-    assert result.export_format == "tf_saved_model" and [o.name for o in result.outputs] == [
-        "output"
-    ]
-    logits = served(spec, result)
-    assert logits.shape == (len(DIGITS.y_test), 10)
-    assert [app["name"] for app in cluster.applications()] == [spark_launch.APP_NAME]
+    try:
+        name = f"mwms-{uuid.uuid4().hex[:6]}"
+        study = stack.run_study(
+            study_spec(
+                "spark-mwms",
+                {
+                    "framework": "FRAMEWORK_TENSORFLOW",
+                    "dataset": "digits",
+                    "entrypoint": "testloops.keras_loop:train",
+                    "strategy": "multi_worker_mirrored",
+                    "world_size": 2,
+                    "options": {"launcher": "spark"},
+                    "model_name": name,
+                },
+                params=[{"name": "width", "categorical": {"choices": [{"int_value": 16}]}}],
+                budget={"max_trials": 1, "max_parallel": 1, "trial_timeout": "400s"},
+            ),
+            code=LOOPS,
+            timeout=420,
+        )
+        assert study.state == api.STUDY_STATE_COMPLETED, stack.logs()
+        (trial,) = stack.client.trials(study.study_id)
+        steps = [
+            r.progress.step
+            for r in stack.reports(trial.trial_id)
+            if r.WhichOneof("event") == "progress"
+        ]
+        assert steps == [1, 2, 3]
+        event = stack.model_ready(name, trial.model_version)
+        assert event.format == models_pb2.ARTIFACT_FORMAT_TF_SAVED_MODEL
+        assert event.labels["strategy"] == "multi_worker_mirrored"
+        got = stack.predict(name, DIGITS.x_test[:3], version=event.version)
+        assert np.asarray(got["outputs"]["output"]).shape == (3, 10)
+        # Both barrier tasks ran on the master's workers, one core each.
+        assert [app["name"] for app in cluster.applications()] == [spark_launch.APP_NAME]
+    finally:
+        stack.close()

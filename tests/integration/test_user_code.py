@@ -27,6 +27,7 @@ from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from svc_monitor.watch import watched
 from tests.infra import Infra
 from tests.integration.user_stack import MEMORY_LIMIT_MB, STALL_SECONDS, UserStack
+from tests.integration.user_stack import study_spec as spec
 from tests.unit.test_trainer_data import TUMBLING, series, write_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -57,21 +58,6 @@ def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         sys.path.remove(str(EXAMPLE))
     written = data.write(tmp_path_factory.mktemp("tables"))
     return {path.stem: path for path in written}
-
-
-def spec(name: str, task: dict[str, Any], **overrides: Any) -> dict[str, Any]:
-    document: dict[str, Any] = {
-        "name": f"{name}-{uuid.uuid4().hex[:6]}",
-        "objective": {"metric": "val_loss", "direction": "DIRECTION_MINIMIZE"},
-        "params": [{"name": "width", "categorical": {"choices": [{"int_value": 8}]}}],
-        "sampler": {"kind": "SAMPLER_KIND_GRID"},
-        "pruner": {"kind": "PRUNER_KIND_NONE"},
-        "budget": {"max_trials": 1, "max_parallel": 1, "trial_timeout": "120s"},
-        "task": {"framework": "FRAMEWORK_TORCH", "epochs": 3, **task},
-        "seed": 3,
-    }
-    document.update(overrides)
-    return document
 
 
 def table_task(tables: dict[str, Path], name: str = "breast_cancer") -> dict[str, Any]:
@@ -127,6 +113,7 @@ def test_a_users_torch_model_on_a_table_is_tuned_exported_and_served(
     assert any(t.log_events("executor.spare_taken") for t in stack.trainers)
     best = study.best_trial
     assert best.metrics["val_error"] < 0.2
+    assert stack.client.best_trial(study.study_id).trial_id == best.trial_id
     event = stack.model_ready(name, best.model_version)
     package = code_packages.pack(EXAMPLE)
     assert event.lineage.code.model == "mymodels.torch_model:build"
@@ -150,28 +137,40 @@ def test_a_users_torch_model_on_a_table_is_tuned_exported_and_served(
 
 
 def test_the_same_model_in_keras_trains_through_tensorflows_own_loop(
-    stack: UserStack, tables: dict[str, Path]
+    stack: UserStack, tables: dict[str, Path], tmp_path: Path
 ) -> None:
+    import tensorflow as tf
+    import yaml
+
     name = f"cancer-keras-{uuid.uuid4().hex[:6]}"
-    study = stack.run_study(
-        spec(
-            "keras-model",
-            {
-                **table_task(tables),
-                "model": "mymodels.keras_model:build",
-                "framework": "FRAMEWORK_TENSORFLOW",
-                "model_name": name,
-            },
-        ),
-        code=EXAMPLE,
+    # Created from a YAML file, as a user's script would.
+    spec_file = tmp_path / "keras-model.yaml"
+    spec_file.write_text(
+        yaml.safe_dump(
+            spec(
+                "keras-model",
+                {
+                    **table_task(tables),
+                    "model": "mymodels.keras_model:build",
+                    "framework": "FRAMEWORK_TENSORFLOW",
+                    "model_name": name,
+                },
+            )
+        )
     )
+    study = stack.run_study(spec_file, code=EXAMPLE)
     assert study.state == api.STUDY_STATE_COMPLETED, stack.logs()
     event = stack.model_ready(name, study.best_trial.model_version)
     assert event.format == models_pb2.ARTIFACT_FORMAT_TF_SAVED_MODEL
     assert event.lineage.code.model == "mymodels.keras_model:build"
-    got = stack.predict(name, np.ones((2, 30), np.float32), version=event.version)
+    x = np.ones((2, 30), np.float32)
+    got = stack.predict(name, x, version=event.version)
     probabilities = np.asarray(got["outputs"]["probabilities"])
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
+    # The SavedModel's own answer, loaded by TensorFlow in this process.
+    serving = tf.saved_model.load(str(local_path(event.artifact_uri))).signatures["serving_default"]
+    own = serving(**{event.inputs[0].name: tf.constant(x)})["probabilities"].numpy()
+    np.testing.assert_allclose(probabilities, own, rtol=1e-5, atol=1e-6)
 
 
 def test_a_users_loader_feeds_a_users_model_and_names_itself_in_the_lineage(
@@ -318,6 +317,16 @@ def test_every_way_a_users_code_fails_ends_as_a_failed_trial_and_the_trainers_se
         trial = by_case[case]
         assert trial.state in (api.TRIAL_STATE_FAILED, api.TRIAL_STATE_QUARANTINED), case
         assert any(said in error for error in trial.errors), (case, list(trial.errors))
+    # Retryable as the README's table says: only a crash may be the machine's.
+    retryable = {
+        case: {
+            r.failed.retryable
+            for r in stack.reports(by_case[case].trial_id)
+            if r.WhichOneof("event") == "failed"
+        }
+        for case in cases
+    }
+    assert retryable == {case: {case == "abort"} for case in cases}
     assert "cases.py" in by_case["raise"].traceback and "ValueError" in by_case["raise"].traceback
     assert "killed by SIGABRT" in by_case["abort"].errors[-1]
     # The executor's dying words: the Python stack faulthandler wrote.
@@ -343,29 +352,87 @@ def test_every_way_a_users_code_fails_ends_as_a_failed_trial_and_the_trainers_se
 
 
 @pytest.mark.parametrize(
-    ("entrypoint", "reason", "said"),
+    ("entrypoint", "requirements", "reason", "said"),
     [
-        ("nowhere.train:train", "user_code_import", "no module 'nowhere'"),
-        ("testloops.broken:train", "missing_dependency", "'no_such_module_of_the_users'"),
+        ("nowhere.train:train", "", "user_code_import", "no module 'nowhere'"),
+        ("testloops.broken:train", "", "missing_dependency", "'no_such_module_of_the_users'"),
+        (
+            "testloops.cases:train",
+            "no-such-dist-of-the-users>=1.0\nnumpy\n",
+            "missing_dependency",
+            "the code needs no-such-dist-of-the-users>=1.0 (not installed)",
+        ),
     ],
 )
 def test_code_that_cannot_be_imported_fails_the_study_with_one_line(
-    stack: UserStack, entrypoint: str, reason: str, said: str
+    stack: UserStack, tmp_path: Path, entrypoint: str, requirements: str, reason: str, said: str
 ) -> None:
+    code = LOOPS
+    if requirements:
+        # The package says what it needs: checked before any of it is imported.
+        code = tmp_path / "project"
+        shutil.copytree(LOOPS, code)
+        (code / "requirements.txt").write_text(requirements)
     study = stack.run_study(
         spec(
             "unimportable",
             {"entrypoint": entrypoint},
+            params=[{"name": "case", "categorical": {"choices": [{"string_value": "ok"}]}}],
             budget={"max_trials": 4, "max_parallel": 2, "trial_timeout": "120s"},
+            sampler={"kind": "SAMPLER_KIND_RANDOM"},
         ),
-        code=LOOPS,
+        code=code,
     )
     assert study.state == api.STUDY_STATE_FAILED
-    assert f"{reason}: " in study.error and said in study.error
+    assert f"{reason}: " in study.error and said in study.error, study.error
     assert "\n" not in study.error
     # Not quarantined trial after trial: the study stopped at the first.
     assert study.trial_counts.get("quarantined", 0) == 0
     assert sum(study.trial_counts.values()) <= 2
+
+
+def test_each_code_package_gets_an_executor_that_its_trials_reuse(
+    stack: UserStack, tmp_path: Path
+) -> None:
+    def package(name: str) -> Path:
+        project = tmp_path / name
+        shutil.copytree(LOOPS, project)
+        # A package no trainer has seen (one it has unpacked before, it keeps).
+        (project / "testloops" / "unique.py").write_text(f"# {uuid.uuid4()}\n")
+        return project
+
+    def executors(study: api.Study) -> dict[str, list[int]]:
+        """The executor each of the study's trials ran in, by trainer."""
+        ids = {t.trial_id for t in trials(stack, study)}
+        return {
+            trainer.name: [
+                int(line["executor_pid"])
+                for line in trainer.log_events("trial.started")
+                if line["trial_id"] in ids
+            ]
+            for trainer in stack.trainers
+        }
+
+    def ok(name: str, count: int) -> dict[str, Any]:
+        return spec(
+            name,
+            {"entrypoint": "testloops.cases:train", "epochs": 1},
+            params=[{"name": "case", "categorical": {"choices": [{"string_value": "ok"}]}}],
+            sampler={"kind": "SAMPLER_KIND_RANDOM"},
+            budget={"max_trials": count, "max_parallel": 1, "trial_timeout": "120s"},
+        )
+
+    first = stack.run_study(ok("package-a", 4), code=package("a"))
+    assert first.state == api.STUDY_STATE_COMPLETED, stack.logs()
+    second = stack.run_study(ok("package-b", 2), code=package("b"))
+    assert second.state == api.STUDY_STATE_COMPLETED, stack.logs()
+    ran_a, ran_b = executors(first), executors(second)
+    assert sum(len(pids) for pids in ran_a.values()) == 4, ran_a
+    # Four trials on two trainers: each trainer ran its share in one executor.
+    assert all(len(set(pids)) <= 1 for pids in ran_a.values()), ran_a
+    # The other package's trials ran in executors of their own.
+    for trainer in stack.trainers:
+        assert not set(ran_a[trainer.name]) & set(ran_b[trainer.name]), (ran_a, ran_b)
 
 
 def test_shipped_code_whose_bytes_are_not_its_digest_is_refused_and_never_runs(
@@ -446,6 +513,17 @@ def test_a_model_trained_elsewhere_is_registered_served_and_scored(
     assert f"scored 3 rows with {name} version 1" in scored.stdout
     rows = pq.read_table(tmp_path / "scored").to_pylist()
     assert len(rows) == 3
+    # A TorchScript file says no signature of its own: the client's call gives it.
+    torch.jit.trace(model, example).save(str(tmp_path / "outside.pt"))
+    third = stack.client.register_model(
+        name,
+        tmp_path / "outside.pt",
+        inputs=[models_pb2.TensorSpec(name="input", datatype="FP32", shape=[-1, 4])],
+        outputs=[models_pb2.TensorSpec(name="output", datatype="FP32", shape=[-1, 3])],
+    )
+    assert third.version == "3" and third.format == models_pb2.ARTIFACT_FORMAT_TORCHSCRIPT
+    got = stack.predict(name, x, version="3")
+    np.testing.assert_allclose(got["outputs"]["output"], own, rtol=1e-5, atol=1e-6)
 
 
 def test_a_trainer_killed_mid_trial_hands_it_to_the_other_which_resumes_from_the_loops_checkpoint(

@@ -1,8 +1,9 @@
 """A user's code under the strategies and launchers a built-in family runs
 under: a model of theirs cut by model parallelism (and refused when it
-cannot be); a loop of theirs under torchrun and as TorchDistributor's Spark
-tasks; a Keras model of theirs and a TensorFlow loop of theirs in a local
-MultiWorkerMirrored cluster. The code is shipped as a package, as a study
+cannot be) and trained by two DDP ranks; a loop of theirs under torchrun and
+as TorchDistributor's Spark tasks; a Keras model of theirs under each
+single-host tf.distribute strategy and in a local MultiWorkerMirrored
+cluster, and a TensorFlow loop of theirs there too. The code is shipped as a package, as a study
 ships it, and put on each process's path from there."""
 
 from __future__ import annotations
@@ -55,6 +56,28 @@ def test_model_parallel_cuts_a_users_sequential_and_refuses_what_it_cannot_cut(
             RecordingChannel(),
         )
     assert refused.value.reason == "invalid_params"
+
+
+def test_a_users_model_trains_under_ddp_in_two_local_ranks(
+    tmp_path: Path, code: tuple[common_pb2.CodePackage, CodeRef]
+) -> None:
+    _, ref = code
+    spec = run_spec(
+        tmp_path,
+        model_family="",
+        model="testloops.models:sequential",
+        code=ref,
+        strategy="ddp",
+        world_size=2,
+        threads=1,
+    )
+    channel = RecordingChannel()
+    result = torch_runner.run(spec, DIGITS, channel)
+    assert result.stopped is StopReason.NONE and result.epochs_completed == 2
+    assert [step for step, _ in channel.epochs()] == [1, 2]
+    # The ranks stayed in step: one set of weights at the end.
+    assert len(set(result.replica_digests)) == 1 and len(result.replica_digests) == 2
+    assert result.export_format == "torch_export"
 
 
 def test_a_users_loop_runs_in_each_rank_under_torchrun(
@@ -121,14 +144,21 @@ def test_a_users_loop_runs_as_torch_distributors_spark_tasks_and_exports_from_ra
     assert channel.started_events() == [(0, "")]
 
 
-def test_a_users_keras_model_trains_in_a_local_multi_worker_cluster(
-    tmp_path: Path, code: tuple[common_pb2.CodePackage, CodeRef]
+@pytest.mark.parametrize(
+    ("strategy", "world_size"),
+    [("multi_worker_mirrored", 2), ("mirrored", 1), ("central_storage", 1)],
+)
+def test_a_users_keras_model_trains_under_each_tf_strategy_of_one_host(
+    tmp_path: Path,
+    code: tuple[common_pb2.CodePackage, CodeRef],
+    strategy: str,
+    world_size: int,
 ) -> None:
     _, ref = code
     spec = make_spec(
         tmp_path,
-        strategy="multi_worker_mirrored",
-        world_size=2,
+        strategy=strategy,
+        world_size=world_size,
         model_family="",
         model="testloops.models:keras_mlp",
         code=ref,

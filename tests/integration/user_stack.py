@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -39,8 +40,31 @@ STALL_SECONDS = 20
 MEMORY_LIMIT_MB = 3000
 
 
+def study_spec(name: str, task: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """A one-trial study of `task` (torch unless it says), its name made unique."""
+    document: dict[str, Any] = {
+        "name": f"{name}-{uuid.uuid4().hex[:6]}",
+        "objective": {"metric": "val_loss", "direction": "DIRECTION_MINIMIZE"},
+        "params": [{"name": "width", "categorical": {"choices": [{"int_value": 8}]}}],
+        "sampler": {"kind": "SAMPLER_KIND_GRID"},
+        "pruner": {"kind": "PRUNER_KIND_NONE"},
+        "budget": {"max_trials": 1, "max_parallel": 1, "trial_timeout": "120s"},
+        "task": {"framework": "FRAMEWORK_TORCH", "epochs": 3, **task},
+        "seed": 3,
+    }
+    document.update(overrides)
+    return document
+
+
 class UserStack:
-    def __init__(self, infra: Infra, state: Path) -> None:
+    def __init__(
+        self,
+        infra: Infra,
+        state: Path,
+        *,
+        trainers: int = 2,
+        trainer_env: Mapping[str, str] | None = None,
+    ) -> None:
         suffix = uuid.uuid4().hex[:10]
         self.infra = infra
         self.state = state
@@ -64,7 +88,8 @@ class UserStack:
             },
         )
         self.tuner = TunerProcess(infra, self.tuner_topics, f"tuner-{suffix}", state)
-        self.trainers = [self.trainer(f"trainer-{i}") for i in (1, 2)]
+        self._trainer_env = dict(trainer_env or {})
+        self.trainers = [self.trainer(f"trainer-{i}") for i in range(1, trainers + 1)]
         self.model_port = free_port()
         self._model_log = (state / "model.log").open("ab")
         self.model_server = subprocess.Popen(
@@ -109,6 +134,7 @@ class UserStack:
                 "AISTACK_TRAINER_TRIAL_MEMORY_LIMIT_MB": str(MEMORY_LIMIT_MB),
                 "AISTACK_TRAINER_ARTIFACT_ROOT": str(self.state / "artifacts"),
                 "AISTACK_TRAINER_SPARE_EXECUTORS": "torch",
+                **self._trainer_env,
             },
         )
 
@@ -121,7 +147,7 @@ class UserStack:
 
     def run_study(
         self,
-        spec: dict[str, Any],
+        spec: dict[str, Any] | Path,
         *,
         code: Path | None = None,
         timeout: float = 300,

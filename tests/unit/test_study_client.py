@@ -1,14 +1,20 @@
-"""``aistack study`` finds svc_tuner through its flags, else TunerClientSettings."""
+"""``aistack study`` finds svc_tuner through its flags, else TunerClientSettings;
+``study create`` takes its spec as SPEC or ``-f``."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from aistack.settings import TunerClientSettings
+from compose import cli
+from compose import study as study_cli
 from compose.study import TunerConnection, tuner_connection
+from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.settings import load_settings
 
 
@@ -149,3 +155,74 @@ def test_a_watched_study_prints_a_line_per_change_of_its_trials_not_per_epoch() 
         "completed 1  pruned 0  failed 0  quarantined 0  best 0.25 (trial 0)"
     )
     assert line.startswith("[############............] 1/2")
+
+
+def parsed(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> argparse.Namespace:
+    """What ``aistack <argv>`` hands ``aistack study``, parsed by the real command line."""
+    seen: list[argparse.Namespace] = []
+
+    def run(args: argparse.Namespace) -> int:
+        seen.append(args)
+        return 0
+
+    monkeypatch.setattr(study_cli, "run", run)
+    assert cli.main(argv) == 0
+    (args,) = seen
+    return args
+
+
+class RecordingTuner:
+    """Stands in for TunerServiceStub: records the spec a study is created with."""
+
+    def __init__(self) -> None:
+        self.requests: list[api.CreateStudyRequest] = []
+
+    async def CreateStudy(self, request: api.CreateStudyRequest) -> api.CreateStudyResponse:
+        self.requests.append(request)
+        return api.CreateStudyResponse(study=api.Study(study_id="s-1"), created=True)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["study", "create", "SPEC_PATH"], ["study", "create", "-f", "SPEC_PATH"]],
+    ids=["positional", "dash-f"],
+)
+def test_create_reads_the_spec_given_as_an_argument_or_with_dash_f(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: from-the-file\n")
+    args = parsed(monkeypatch, [str(spec) if a == "SPEC_PATH" else a for a in argv])
+    tuner = RecordingTuner()
+    stub: Any = tuner
+    assert asyncio.run(study_cli._dispatch(stub, args)) == 0
+    assert [request.spec.name for request in tuner.requests] == ["from-the-file"]
+    assert capsys.readouterr().out == "study s-1 created\n"
+
+
+def test_create_takes_code_after_a_positional_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = parsed(monkeypatch, ["study", "create", "spec.yaml", "--code", "./myproject"])
+    assert (args.spec, args.file, args.code) == ("spec.yaml", None, "./myproject")
+
+
+@pytest.mark.parametrize(
+    ("argv", "error"),
+    [
+        (["study", "create"], "one of the arguments SPEC -f/--file is required"),
+        (["study", "create", "a.yaml", "-f", "b.yaml"], "argument -f/--file: not allowed with"),
+        (["study", "create", "-f", "b.yaml", "a.yaml"], "argument SPEC: not allowed with"),
+    ],
+    ids=["neither", "both", "both-reversed"],
+)
+def test_create_refuses_no_spec_or_two_in_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], error: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("aistack study create: error: ")
+    assert error in err[-1]

@@ -3,6 +3,7 @@ Spark-launched trial's rank 0 and its driver (a real socket, no Spark)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -113,6 +114,7 @@ class Recording:
     def __init__(self, stop_after: int = 99) -> None:
         self.events: list[tuple[str, object, object]] = []
         self.stop_after = stop_after
+        self.asked = 0
 
     def started(self, resumed_from_step: int, note: str = "") -> None:
         self.events.append(("started", resumed_from_step, note))
@@ -121,6 +123,7 @@ class Recording:
         self.events.append(("epoch", step, dict(metrics)))
 
     def stop_requested(self) -> StopReason:
+        self.asked += 1
         epochs = sum(1 for kind, _, _ in self.events if kind == "epoch")
         return StopReason.PRUNE if epochs >= self.stop_after else StopReason.NONE
 
@@ -170,3 +173,24 @@ def test_the_first_rank_failure_is_kept(driver: tuple[ProgressServer, Recording]
     assert server.failure == first
     assert first.line() == "rank 0 failed: IsADirectoryError: checkpoint"
     assert channel.events == []
+
+
+def test_the_driver_checks_in_for_the_ranks_while_spark_launches_them_and_not_after() -> None:
+    # The trainer's stall watch counts checks: tens of seconds of Spark
+    # getting executors and the ranks importing their framework are no stall.
+    channel = Recording()
+    with ProgressServer("127.0.0.1", channel, launch_check_s=0.01) as server:
+        deadline = time.monotonic() + 10
+        while channel.asked < 3:
+            assert time.monotonic() < deadline, "the driver never checked in"
+            time.sleep(0.01)
+        rank0 = DriverChannel(server.address, timeout=10)
+        try:
+            rank0.started(0)
+            asked = channel.asked
+            time.sleep(0.2)  # twenty launch checks' time
+            assert channel.asked == asked  # from started on, only the ranks' checks count
+            assert rank0.stop_requested() is StopReason.NONE
+            assert channel.asked == asked + 1
+        finally:
+            rank0.close()

@@ -1,6 +1,7 @@
 """A user's functions named "package.module:function": imported with one
 line that says what went wrong (``svc_trainer.user_code.imports``), a
-loader's data split as the study's (``loaders``), what a user's code did
+loader's data split as the study's (``loaders``), a model builder given the
+trial's parameters as they were sent (``models``), what a user's code did
 wrong as a failure (``failures``)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,6 +39,13 @@ MODULES = {
         "    return x, x[:, 0] * 2.0\n"
         "def nothing(options):\n    return 42\n"
         "def raises(options):\n    raise RuntimeError('the bucket is gone')\n"
+    ),
+    "good_pkg/nets.py": (
+        "import torch\n"
+        "SEEN = []\n"
+        "def build(params, data):\n"
+        "    SEEN.append(params)\n"
+        "    return torch.nn.Linear(data.x_train.shape[1], data.n_classes)\n"
     ),
     "broken_pkg/__init__.py": "",
     "broken_pkg/syntax.py": "def build(:\n",
@@ -102,7 +111,7 @@ def test_a_loaders_pair_is_split_as_a_study_split_with_its_classes() -> None:
 
 
 def test_a_loader_returning_a_dataset_keeps_its_splits() -> None:
-    module = sys.modules.get("good_pkg.funcs") or __import__("good_pkg.funcs").funcs
+    module: Any = sys.modules.get("good_pkg.funcs") or __import__("good_pkg.funcs").funcs
 
     def given(options: dict[str, str]) -> aistack.Dataset:
         x = np.ones((4, 2), np.float32)
@@ -176,3 +185,61 @@ def test_a_task_with_code_of_the_right_form_has_no_problem() -> None:
     task.code.uri = "file:///store/code/x.tar.gz"
     task.code.sha256 = "a" * 64
     assert code_refs.task_problem(task) is None
+
+
+def test_a_users_model_builder_gets_every_parameter_as_sent_beside_the_built_ins(
+    tmp_path: Path,
+) -> None:
+    import torch
+
+    from shared.contracts.aistack.v1 import common_pb2
+    from svc_trainer import trials
+    from svc_trainer.backends.torch import strategy
+    from svc_trainer.plan import TASK_CLASSIFICATION, DataSplits
+
+    request = tuning_pb2.TrialRequested(
+        trial_id="s/0",
+        study_id="s",
+        task=tuning_pb2.TrainingTask(
+            dataset="table",
+            framework=common_pb2.FRAMEWORK_TORCH,
+            epochs=1,
+            model="good_pkg.nets:build",
+        ),
+        objective=common_pb2.Objective(metric="val_error"),
+    )
+    sent = {
+        "learning_rate": 0.01,  # built-in: the platform's loop reads these two too
+        "batch_size": 16,
+        "activation": "tanh",  # a built-in's name the user's model reads as well
+        "width": 24,  # the user's own, of every kind a parameter takes
+        "scale": 2.0,  # integral, yet a float
+        "residual": True,  # a bool, not 1
+        "norm": "layer",
+    }
+    kind = {bool: "bool_value", int: "int_value", float: "float_value", str: "string_value"}
+    for name, value in sent.items():
+        setattr(request.params[name], kind[type(value)], value)
+    spec = trials.run_spec(
+        request,
+        checkpoint_dir=tmp_path / "c",
+        export_dir=tmp_path / "e",
+        tensorboard_dir=tmp_path / "t",
+        device="cpu",
+        threads=0,
+        world_size=1,
+    )
+    x = np.zeros((4, 3), np.float32)
+    y = np.array([0, 1, 0, 1])
+    data = DataSplits("table", "v1", TASK_CLASSIFICATION, x, y, x, y, x, y, n_classes=2)
+
+    model = strategy.check(spec, data)
+
+    (given,) = sys.modules["good_pkg.nets"].SEEN
+    assert given == sent
+    assert {name: type(value) for name, value in given.items()} == {
+        name: type(value) for name, value in sent.items()
+    }
+    assert (spec.hparams.learning_rate, spec.hparams.batch_size) == (0.01, 16)
+    assert isinstance(model, torch.nn.Linear)
+    assert (model.in_features, model.out_features) == (3, 2)
