@@ -166,6 +166,7 @@ def _score(args: argparse.Namespace) -> int:
             columns=columns,
             where=args.where or "",
             publish=args.publish,
+            row_sources=args.row_sources,
         )
     except AistackError as exc:
         print(f"aistack score: {exc}", file=sys.stderr)
@@ -281,7 +282,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--publish",
         action="store_true",
         help="also publish each scored row to aistack.predictions.batch "
-        "(AISTACK_SCORE_PREDICTIONS_TOPIC)",
+        "(AISTACK_SCORE_PREDICTIONS_TOPIC), with its window's sources",
+    )
+    score.add_argument(
+        "--row-sources",
+        action="store_true",
+        help="keep each row's sources (its window's clean-event offsets) in the output; "
+        "each file's lineage in _lineage.json has them merged either way",
     )
     score.set_defaults(run=_score)
     lineage = commands.add_parser(

@@ -47,11 +47,13 @@ def run(
     columns: tuple[str, ...] = (),
     where: str = "",
     publish: bool = False,
+    row_sources: bool = False,
     spark: SparkSession | None = None,
 ) -> job.Scored:
     """Score ``input_path`` with ``model`` (``NAME`` or ``NAME@VERSION``) into
-    ``output`` (only the rows matching ``where``, when given), and with
-    ``publish`` to ``settings.predictions_topic`` (made if missing). Starts a
+    ``output`` (only the rows matching ``where``, when given; each row with
+    its ``sources`` when ``row_sources``), and with ``publish`` to
+    ``settings.predictions_topic`` (made if missing). Starts a
     Spark session from ``settings.spark`` unless one is given. Raises
     AistackError subclasses, each one line (see ``job.score``)."""
     name, version = parse_model(model)
@@ -77,6 +79,7 @@ def run(
             columns=columns,
             where=where,
             publish_to=publish_to,
+            row_sources=row_sources,
         )
     finally:
         if (session.sparkContext.master or "").startswith("local"):

@@ -1,9 +1,10 @@
-"""The Spark side of scoring: read the Parquet input, score it in vectorised
-batches on the executors, write predictions and their lineage.
-
-Each executor's Python worker fetches the artifact, checks its sha256 and
-loads it once (``shared.model_loading``, the model server's own loader),
-then reuses it for every batch of every task it runs.
+"""The Spark side of scoring: plan the job on the driver, score the input
+in Arrow batches on the executors (``svc_score.tasks``: each task reads its
+row groups, or is handed the rows a ``--where`` keeps, scores them and
+writes its own Parquet file with pyarrow), then write the run's lineage:
+each output file's rows and the clean-event offsets under them, as the
+tasks report them. A row keeps its own ``sources`` only on request
+(``row_sources``).
 """
 
 from __future__ import annotations
@@ -12,25 +13,24 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
-import numpy as np
 from google.protobuf import json_format
 
 from shared import model_loading
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import AistackError, InvalidArgument
-from shared.feature_store import merge_source_column
 from shared.log import get_logger
-from svc_score.plan import BadInput, Plan, plan
+from svc_score import tasks
+from svc_score.plan import ROW_SOURCES, BadInput, plan
 from svc_score.publish import Layout, Publication, publish
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 log = get_logger("svc_score")
@@ -39,24 +39,10 @@ log = get_logger("svc_score")
 LINEAGE_FILE = "_lineage.json"
 #: Under the cache directory: the executors' copies of artifacts.
 EXECUTORS = "executors"
-
-# The struct column of a model's several outputs, before it is expanded.
-_SCORED = "__aistack_scored"
-
-#: numpy types of the output columns' Spark types (``Plan.outputs``).
-_NUMPY_OUTPUT_TYPES = {
-    "float": np.float32,
-    "double": np.float64,
-    "tinyint": np.int8,
-    "smallint": np.int16,
-    "int": np.int32,
-    "bigint": np.int64,
-    "boolean": np.bool_,
-}
-
-# This Python worker's loaded models, by (name, version, sha256): loaded on
-# the first batch a worker scores, reused by every later one.
-_RUNNERS: dict[tuple[str, str, str], model_loading.Runner] = {}
+#: Spark's rows per Arrow batch, and so per model call, either way a task reads.
+_BATCH_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+#: The most rows a task reads, unless the cores' shares are larger.
+_ROWS_PER_TASK = 5_000_000
 
 
 @dataclass(frozen=True)
@@ -76,25 +62,29 @@ def score(
     columns: tuple[str, ...] = (),
     where: str = "",
     publish_to: Publication | None = None,
+    row_sources: bool = False,
 ) -> Scored:
     """Score every row of the Parquet at ``input_path`` with ``event``'s
     model into a new directory ``output``: Parquet files and ``LINEAGE_FILE``;
     only the rows that match ``where`` (a Spark SQL condition) when given;
     with ``publish_to``, each output row to that topic too (``publish``).
+    Each row keeps the input's ``sources`` when ``row_sources`` (or
+    ``publish_to``: a record names its window's sources); each file's
+    lineage has them either way.
 
-    The output appears whole or not at all: Spark writes beside it, and the
-    directory is renamed into place once the job (and the publishing) has
+    The output appears whole or not at all: the tasks write beside it, and
+    the directory is renamed into place once the job (and the publishing) has
     succeeded. Raises
     InvalidArgument (the output exists, the input is not Parquet), BadInput
     (see ``plan``), ArtifactRejected (a tampered or unloadable artifact, on
     the driver before any row is read)."""
-    from pyspark.sql import functions
+    from pyspark.sql.pandas.types import to_arrow_schema
 
     if output.exists():
         raise InvalidArgument(f"{output} exists; scoring writes a new directory")
     # The driver verifies first: a tampered artifact stops here, before a task runs.
     verified = model_loading.fetch(event, cache_dir / "driver")
-    # No leading dot: Hadoop skips hidden paths, and the row count reads it back.
+    # No leading dot: Hadoop skips hidden paths, and the publisher reads it back.
     staging = output.with_name(f"{output.name}.{uuid.uuid4().hex}.partial")
     try:
         try:
@@ -106,26 +96,41 @@ def score(
         if where:
             frame = _filtered(frame, where)
         types = {field.name: field.dataType.simpleString() for field in frame.schema.fields}
-        chosen = plan(event, types, columns)
+        chosen = plan(event, types, columns, row_sources=row_sources or publish_to is not None)
         files = sorted(frame.inputFiles())
-        predict = _predictor(chosen, event.SerializeToString(), str(cache_dir / EXECUTORS))
-        predicted = predict(*chosen.columns)
-        model = [
-            functions.lit(event.model_name).alias("model_name"),
-            functions.lit(event.version).alias("model_version"),
-        ]
-        if len(chosen.outputs) == 1:
-            scored = frame.select(*chosen.keys, predicted.alias(chosen.outputs[0][0]), *model)
-        else:
-            scored = frame.select(*chosen.keys, predicted.alias(_SCORED)).select(
-                *chosen.keys, f"{_SCORED}.*", *model
-            )
+        digest = input_digest(files)  # local files only: refused before any task runs
+        feed = list(dict.fromkeys([*chosen.keys, *chosen.columns]))
+        merge = ROW_SOURCES if ROW_SOURCES in types else ""
+        if merge and merge not in feed:
+            feed.append(merge)
+        fed = frame.select(*feed)
+        fed_arrow = to_arrow_schema(fed.schema)
+        schema = tasks.output_schema(chosen, fed_arrow)
+        run_id = uuid.uuid4().hex
+        task = tasks.Task.of(
+            chosen,
+            fed_arrow,
+            schema,
+            merge,
+            cache_dir=str(cache_dir / EXECUTORS),
+            staging=str(staging),
+            run_id=run_id,
+            batch_rows=int(spark.conf.get(_BATCH_ROWS, "10000") or 10000),
+        )
+        staging.mkdir(parents=True)
         try:
-            scored.write.parquet(str(staging))
+            if where:  # Spark SQL: Spark reads and filters
+                scored = fed.mapInArrow(tasks.from_spark(task), tasks.WRITTEN_SCHEMA).collect()
+                written = [tasks.Written(r.file, int(r.rows), r.sources) for r in scored]
+            else:
+                written = _from_files(spark, task, input_path)
+        except AistackError:
+            raise
         except Exception as exc:  # a task failed: Spark wraps the worker's error
             raise JobFailed(f"the Spark job failed: {_python_error(exc)}") from exc
-        rows = _rows(spark, staging)
-        run_id = uuid.uuid4().hex
+        if not written:  # no row matched: one file says what the output holds
+            _write_empty(staging / tasks.file_name(task, 0), schema)
+        rows = sum(w.rows for w in written)
         lineage: dict[str, Any] = {
             "run_id": run_id,
             "model": event.model_name,
@@ -134,14 +139,14 @@ def score(
             "artifact_uri": event.artifact_uri,
             "input": input_path,
             "input_files": len(files),
-            "input_digest": input_digest(files),
+            "input_digest": digest,
             "input_digest_of": "sha256 over each input file's path, size and mtime",
             "columns": list(chosen.columns),
             "where": where,
             "rows": rows,
             # How the model came to be: study, trial, parameters, training files.
             "model_lineage": json_format.MessageToDict(event.lineage),
-            "files": files_lineage(staging),
+            "files": files_lineage(written, staging),
         }
         if publish_to is not None:
             layout = Layout.of(chosen, types)
@@ -159,6 +164,31 @@ def score(
         shutil.rmtree(verified, ignore_errors=True)
     log.info("score.written", model=event.model_name, version=event.version, rows=rows)
     return Scored(output, rows, lineage)
+
+
+def _from_files(spark: SparkSession, task: tasks.Task, input_path: str) -> list[tasks.Written]:
+    """Every row of the input, each task reading its share of the row groups
+    (``tasks.from_files``): a share a core, of about as many rows, and more
+    where a core's would pass ``_ROWS_PER_TASK`` (a failed task costs its
+    share again). One wave of tasks: a second waits on Spark's scheduling
+    and the workers' hand-over, a fifth of a second each on two cores."""
+    try:
+        units = tasks.units_of(input_path)
+    except Exception as exc:  # pyarrow: what Spark read, it could not
+        raise InvalidArgument(
+            f"{input_path}: cannot read it as Parquet: {_first_line(exc)}"
+        ) from exc
+    context = spark.sparkContext
+    rows = sum(unit.rows for unit in units)
+    shares = tasks.share(units, max(context.defaultParallelism, -(-rows // _ROWS_PER_TASK)))
+    if not units:
+        return []
+    run = tasks.from_files(task)
+    return list(
+        context.parallelize(shares, len(shares))
+        .mapPartitionsWithIndex(lambda index, share: run(index, (u for s in share for u in s)))
+        .collect()
+    )
 
 
 class JobFailed(AistackError):
@@ -190,25 +220,21 @@ def _python_error(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def _rows(spark: SparkSession, path: Path) -> int:
-    # Parquet footers hold the row counts: this reads no data.
-    return int(spark.read.parquet(str(path)).count())
-
-
-def files_lineage(output: Path) -> dict[str, dict[str, Any]]:
-    """Per Parquet file of ``output``: its rows and, where the rows carry
-    their windows' ``sources``, the clean-event offsets under them, merged
-    per partition (min, max, count)."""
-    import pyarrow.parquet as pq
-
+def files_lineage(written: list[Any], output: Path) -> dict[str, dict[str, Any]]:
+    """Per Parquet file of ``output``: its rows and, where the input carries
+    its windows' ``sources``, the clean-event offsets under its rows, merged
+    per partition (min, max, count), as each task reported them (``written``:
+    rows of ``_WRITTEN_SCHEMA``). A file no task wrote (the empty output's)
+    has its rows only."""
     lineage: dict[str, dict[str, Any]] = {}
     for path in sorted(output.glob("*.parquet")):
-        names = pq.read_schema(path).names
-        entry: dict[str, Any] = {"rows": pq.read_metadata(path).num_rows}
-        if "sources" in names:
-            entry["sources"] = merge_source_column(pq.read_table(path, columns=["sources"])[0])
-        lineage[path.name] = entry
-    return lineage
+        lineage[path.name] = {"rows": 0}
+    for row in written:
+        entry: dict[str, Any] = {"rows": int(row.rows)}
+        if row.sources is not None:
+            entry["sources"] = json.loads(row.sources)
+        lineage[row.file] = entry
+    return dict(sorted(lineage.items()))
 
 
 def input_digest(files: list[str]) -> str:
@@ -231,75 +257,7 @@ def _local(name: str) -> Path:
     return Path(name).resolve()
 
 
-def _predictor(chosen: Plan, event_bytes: bytes, cache_dir: str) -> Any:
-    """A scalar pandas UDF over the input columns: the model's outputs for
-    each row, one column for one output, else a struct of them. The keys
-    never leave the JVM. It captures only plain values: the model is loaded
-    where it runs."""
-    import pandas as pd  # type: ignore[import-untyped]  # no stubs; pyspark's own dependency
-    from pyspark.sql import types as T
-    from pyspark.sql.pandas import functions as pandas_functions
+def _write_empty(path: Path, schema: pa.Schema) -> None:
+    import pyarrow.parquet as pq
 
-    row_shape = chosen.row_shape
-    outputs = chosen.outputs
-    # DataType objects, not DDL: parsing DDL needs a running session.
-    atomic = {
-        "float": T.FloatType(),
-        "double": T.DoubleType(),
-        "tinyint": T.ByteType(),
-        "smallint": T.ShortType(),
-        "int": T.IntegerType(),
-        "bigint": T.LongType(),
-        "boolean": T.BooleanType(),
-    }
-    types = [
-        atomic[spark_type] if scalar else T.ArrayType(atomic[spark_type])
-        for _, spark_type, scalar in outputs
-    ]
-    single = len(outputs) == 1
-
-    def predict(*columns: Any) -> Any:
-        runner = _runner(event_bytes, cache_dir)
-        (signature,) = runner.inputs
-        dtype = model_loading.NUMPY_TYPES[signature.datatype]
-        rows = len(columns[0])
-        x = np.empty((rows, len(columns)), dtype=dtype)
-        for i, column in enumerate(columns):
-            x[:, i] = column.to_numpy(dtype=dtype, na_value=np.nan)
-        predicted = runner.run({signature.name: x.reshape((rows, *row_shape))})
-        result = {}
-        for output, spark_type, scalar in outputs:
-            values: np.ndarray[Any, Any] = np.asarray(
-                predicted[output], dtype=_NUMPY_OUTPUT_TYPES[spark_type]
-            ).reshape(rows, -1)
-            result[output] = pd.Series(values[:, 0] if scalar else list(values))
-        return result[outputs[0][0]] if single else pd.DataFrame(result)
-
-    # pyspark's stubs type pandas_udf by the function's annotations, which
-    # are set below; at run time it reads them, as objects.
-    pandas_udf: Any = pandas_functions.pandas_udf
-    predict.__annotations__ = {"columns": pd.Series, "return": pd.Series}
-    if single:
-        return pandas_udf(predict, types[0])
-    names = [name for name, _, _ in outputs]
-    struct = T.StructType([T.StructField(n, t) for n, t in zip(names, types, strict=True)])
-    predict.__annotations__["return"] = pd.DataFrame
-    # Not collapsed into the projection that expands the struct, which
-    # would call the model once per output.
-    return pandas_udf(predict, struct).asNondeterministic()
-
-
-def _runner(event_bytes: bytes, cache_dir: str) -> model_loading.Runner:
-    event = models_pb2.ModelReady.FromString(event_bytes)
-    key = (event.model_name, event.version, event.sha256)
-    runner = _RUNNERS.get(key)
-    if runner is None:
-        # A directory of this worker's own: the workers of one machine fetch
-        # at the same time, and each verifies the copy it loads.
-        Path(cache_dir).mkdir(parents=True, exist_ok=True)
-        own = Path(tempfile.mkdtemp(prefix=f"worker-{os.getpid()}-", dir=cache_dir))
-        directory = model_loading.fetch(event, own)
-        # One thread per task: Spark runs as many tasks as it has cores.
-        runner = model_loading.load(event, directory, intra_op_threads=1)
-        _RUNNERS[key] = runner
-    return runner
+    pq.write_table(schema.empty_table(), path)

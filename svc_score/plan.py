@@ -18,9 +18,12 @@ from shared.model_loading import NUMPY_TYPES
 from shared.objective import champion, version_number
 
 #: The columns that say which row a prediction is for, kept where the input
-#: has them; ``sources`` (the offline store's clean-event offsets under each
-#: window) carries the row's lineage.
-KEY_COLUMNS = ("entity_id", "window_start", "window_end", "window_key", "sources")
+#: has them.
+KEY_COLUMNS = ("entity_id", "window_start", "window_end", "window_key")
+#: The offline store's clean-event offsets under each window: a row's own
+#: lineage, kept in the output only on request (each output file's lineage
+#: holds them merged either way).
+ROW_SOURCES = "sources"
 #: The output's columns naming the model that scored each row.
 MODEL_COLUMNS = ("model_name", "model_version")
 
@@ -110,12 +113,17 @@ class Plan:
 
 
 def plan(
-    event: models_pb2.ModelReady, input_types: Mapping[str, str], columns: Sequence[str] = ()
+    event: models_pb2.ModelReady,
+    input_types: Mapping[str, str],
+    columns: Sequence[str] = (),
+    *,
+    row_sources: bool = False,
 ) -> Plan:
     """Check that an input with these column types (name → Spark SQL type)
     can feed ``event``'s model, fed from ``columns`` or, when none are named
     and the model takes one row of as many values, the offline store's
-    ``FEATURE_STATS``. Raises BadInput."""
+    ``FEATURE_STATS``; with ``row_sources``, each row keeps the input's
+    ``ROW_SOURCES``. Raises BadInput."""
     model = f"model {event.model_name!r} version {event.version}"
     if len(event.inputs) != 1:
         raise BadInput(f"{model} takes {len(event.inputs)} inputs; batch scoring feeds one")
@@ -160,8 +168,9 @@ def plan(
                 f"{model}: output {out.name!r} ({out.datatype} {out_shape}) is not a batched number"
             )
         outputs.append((out.name, spark_type, math.prod(out_shape[1:]) == 1))
-    taken = {*KEY_COLUMNS, *MODEL_COLUMNS} & {name for name, _, _ in outputs}
+    taken = {*KEY_COLUMNS, ROW_SOURCES, *MODEL_COLUMNS} & {name for name, _, _ in outputs}
     if taken:
         raise BadInput(f"{model}: output {sorted(taken)[0]!r} has the name of an output column")
-    keys = tuple(key for key in KEY_COLUMNS if key in input_types)
+    kept = (*KEY_COLUMNS, ROW_SOURCES) if row_sources else KEY_COLUMNS
+    keys = tuple(key for key in kept if key in input_types)
     return Plan(event, chosen, shape[1:], keys, tuple(outputs))

@@ -21,6 +21,7 @@ from compose import cli
 from shared.bus.topics import ensure_topics
 from shared.contracts.aistack.v1 import predictions_pb2
 from shared.errors import InvalidArgument
+from shared.feature_store import merge_source_column
 from shared.model_loading import CHECKSUM_MISMATCH, ArtifactRejected
 from svc_score import app, job
 from svc_score.plan import BadInput, UnknownModel
@@ -128,11 +129,11 @@ def test_spark_scores_each_row_as_svc_model_serves_it(
     )
     assert scored.rows == ROWS
     table = pq.read_table(output).to_pydict()
+    # Each row's sources stay out of the output unless asked for (below).
     assert set(table) == {
-        "entity_id", "window_start", "sources", "probabilities", "model_name", "model_version",
+        "entity_id", "window_start", "probabilities", "model_name", "model_version",
     }  # fmt: skip
     order = np.argsort(table["entity_id"])
-    assert [table["sources"][i] for i in order] == [[source(i)] for i in range(ROWS)]
     got = np.asarray(table["probabilities"], dtype=np.float32)[order]
     np.testing.assert_allclose(got, served(server, name, x), rtol=1e-5, atol=1e-6)
     assert set(table["model_name"]) == {name}
@@ -158,6 +159,24 @@ def test_spark_scores_each_row_as_svc_model_serves_it(
     with pytest.raises(InvalidArgument, match="exists; scoring writes a new directory"):
         app.run(settings, name, input_path=str(path), output=output, columns=COLUMNS, spark=spark)
     assert sorted(output.iterdir()) == before
+    # Asked for, each row keeps its sources: the same rows, and each file's
+    # lineage is its rows' sources merged, the same as without them.
+    with_sources = tmp_path / "with-sources"
+    again = app.run(
+        settings, name, input_path=str(path), output=with_sources, columns=COLUMNS,
+        row_sources=True, spark=spark,
+    )  # fmt: skip
+    rows = pq.read_table(with_sources).to_pydict()
+    assert [rows["sources"][i] for i in np.argsort(rows["entity_id"])] == [
+        [source(i)] for i in range(ROWS)
+    ]
+    assert {k: v for k, v in rows.items() if k != "sources"} == table
+    for name_of, entry in again.lineage["files"].items():
+        written = pq.read_table(with_sources / name_of, columns=["sources"])
+        assert entry["sources"] == merge_source_column(written.column("sources"))
+    assert [entry for _, entry in sorted(again.lineage["files"].items())] == [
+        entry for _, entry in sorted(files.items())
+    ]
 
 
 def test_a_missing_column_a_tampered_artifact_and_an_unknown_version_write_nothing(

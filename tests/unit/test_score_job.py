@@ -1,19 +1,20 @@
 """The pure parts of svc_score's Spark job: the input's fingerprint, the
-worker's error in one line."""
+worker's error in one line, a batch scored in Arrow."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pandas as pd  # type: ignore[import-untyped]
+import pyarrow as pa
 import pytest
 
 from shared import model_loading
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import InvalidArgument
-from svc_score import job
+from svc_score import job, tasks
 from svc_score.plan import plan
 from tests.unit.test_score_plan import ready
 
@@ -63,43 +64,91 @@ def summing_runner(monkeypatch: pytest.MonkeyPatch) -> Callable[..., models_pb2.
             run=lambda arrays: _summing_model(arrays["input"]),
             platform="test",
         )
-        monkeypatch.setitem(job._RUNNERS, (event.model_name, event.version, event.sha256), runner)
+        monkeypatch.setitem(tasks._RUNNERS, (event.model_name, event.version, event.sha256), runner)
         return event
 
     return install
 
 
 COLUMNS = ("a", "b", "c", "d")
-TYPES = {column: "double" for column in COLUMNS}
+TYPES = {"entity_id": "string", **{column: "double" for column in COLUMNS}}
 
 
-def _frame_columns() -> list[pd.Series]:
-    return [
-        pd.Series([1.0, 10.0]),
-        pd.Series([2.0, 20.0]),
-        pd.Series([3.0, None]),
-        pd.Series([4.0, 40.0]),
-    ]
+def _batch() -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {
+            "entity_id": ["x", "y"],
+            "a": [1.0, 10.0],
+            "b": [2.0, 20.0],
+            "c": [3.0, None],
+            "d": [4.0, 40.0],
+        }
+    )
+
+
+def _scored(event: models_pb2.ModelReady) -> pa.RecordBatch:
+    chosen = plan(event, TYPES, COLUMNS)
+    schema = tasks.output_schema(chosen, _batch().schema)
+    runner = tasks._RUNNERS[(event.model_name, event.version, event.sha256)]
+    return tasks.score_batch(runner, chosen, schema, _batch())
 
 
 def test_one_output_is_one_column_of_the_models_values(
-    summing_runner: Callable[..., models_pb2.ModelReady], tmp_path: Path
+    summing_runner: Callable[..., models_pb2.ModelReady],
 ) -> None:
     event = summing_runner(("prediction", (-1, 1)))
-    udf = job._predictor(plan(event, TYPES, COLUMNS), event.SerializeToString(), str(tmp_path))
-    values = udf.func(*_frame_columns())
-    assert values.dtype == np.float32
-    assert values[0] == 10.0 and np.isnan(values[1])  # a null input reaches the model as NaN
+    scored = _scored(event)
+    assert scored.schema.names == ["entity_id", "prediction", "model_name", "model_version"]
+    assert scored.schema.field("prediction").type == pa.float32()
+    values = scored.column("prediction").to_pylist()
+    assert values[0] == 10.0 and math.isnan(values[1])  # a null input reaches the model as NaN
+    assert scored.column("entity_id").to_pylist() == ["x", "y"]
+    assert scored.column("model_name").to_pylist() == ["m", "m"]
+    assert scored.column("model_version").to_pylist() == ["1", "1"]
 
 
-def test_several_outputs_are_one_struct_computed_once(
-    summing_runner: Callable[..., models_pb2.ModelReady], tmp_path: Path
+def test_several_outputs_are_columns_of_one_model_call(
+    summing_runner: Callable[..., models_pb2.ModelReady],
 ) -> None:
     event = summing_runner(("prediction", (-1, 1)), ("pair", (-1, 2)))
-    udf = job._predictor(plan(event, TYPES, COLUMNS), event.SerializeToString(), str(tmp_path))
-    assert udf.returnType.simpleString() == "struct<prediction:float,pair:array<float>>"
-    assert not udf.deterministic  # so Spark does not call it once per field
-    frame = udf.func(*_frame_columns())
-    assert list(frame.columns) == ["prediction", "pair"]
-    assert frame["prediction"].tolist()[0] == 10.0
-    assert [list(pair) for pair in frame["pair"]] == [[1.0, 1.0], [10.0, 10.0]]
+    scored = _scored(event)
+    assert scored.schema.field("pair").type == pa.list_(pa.float32())
+    assert scored.column("prediction").to_pylist()[0] == 10.0
+    assert scored.column("pair").to_pylist() == [[1.0, 1.0], [10.0, 10.0]]
+
+
+def test_row_groups_are_shared_by_rows_each_share_in_input_order() -> None:
+    units = [tasks.Unit(f"f{i}", 0, rows, {}) for i, rows in enumerate([50, 10, 40, 30, 20])]
+    shares = tasks.share(units, 2)
+    assert sorted(sum(u.rows for u in share) for share in shares) == [70, 80]
+    for share in shares:
+        assert share == sorted(share, key=units.index)
+    assert sorted(u.path for share in shares for u in share) == [u.path for u in units]
+    assert tasks.share(units[:1], 4) == [units[:1]]
+    assert tasks.share([], 4) == []
+
+
+def test_a_task_reads_its_row_groups_as_spark_hands_them_over(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    folder = tmp_path / "metric=temperature" / "batch=3"
+    folder.mkdir(parents=True)
+    pq.write_table(
+        pa.table({"entity_id": ["a", "b", "c"], "mean": [1.0, None, 3.0]}),
+        folder / "part-0.parquet",
+        row_group_size=2,
+    )
+    units = tasks.units_of(str(tmp_path))
+    assert [(u.row_group, u.rows) for u in units] == [(0, 2), (1, 1)]
+    assert units[0].partition == {"metric": "temperature", "batch": 3}
+    fed = pa.schema(
+        [("entity_id", pa.string()), ("mean", pa.float64()), ("batch", pa.int32()),
+         ("sources", pa.list_(pa.int64()))]
+    )  # fmt: skip
+    batches = list(tasks.read_units(units, fed, batch_rows=10))
+    table = pa.Table.from_batches(batches)
+    assert table.schema == fed
+    assert table.column("entity_id").to_pylist() == ["a", "b", "c"]
+    assert table.column("mean").to_pylist() == [1.0, None, 3.0]
+    assert table.column("batch").to_pylist() == [3, 3, 3]  # the partition's value
+    assert table.column("sources").to_pylist() == [None, None, None]  # a column it lacks

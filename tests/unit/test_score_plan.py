@@ -94,6 +94,15 @@ def test_a_seven_wide_model_reads_the_offline_stores_feature_stats() -> None:
     assert chosen.row_shape == (7,)
 
 
+def test_a_rows_sources_stay_out_of_the_output_unless_asked_for() -> None:
+    types = {**TYPES, "sources": "array<struct<topic:string,partition:int>>"}
+    assert plan(ready("m", "1"), types).keys == ("entity_id", "window_start")
+    kept = plan(ready("m", "1"), types, row_sources=True)
+    assert kept.keys == ("entity_id", "window_start", "sources")
+    # Asked for where the input has none: nothing to keep.
+    assert plan(ready("m", "1"), TYPES, row_sources=True).keys == ("entity_id", "window_start")
+
+
 def test_named_columns_fill_the_input_row_major_and_a_wide_output_is_an_array() -> None:
     columns = [f"x{i}" for i in range(6)]
     event = ready("m", "1", shape=(-1, 2, 3), outputs=(("probabilities", (-1, 10)),))
@@ -116,6 +125,7 @@ def test_named_columns_fill_the_input_row_major_and_a_wide_output_is_an_array() 
         (ready("m", "1", shape=(-1, -1)), (), "batch scoring needs"),
         (ready("m", "1", datatype="BYTES"), (), "is BYTES, not a number"),
         (ready("m", "1", outputs=(("entity_id", (-1, 1)),)), (), "has the name of an output"),
+        (ready("m", "1", outputs=(("sources", (-1, 1)),)), (), "has the name of an output"),
     ],
 )  # fmt: skip
 def test_an_input_that_cannot_feed_the_model_is_refused_naming_why(

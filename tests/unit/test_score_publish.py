@@ -24,7 +24,7 @@ SPAN = {"topic": "clean", "partition": 1, "min_offset": 5, "max_offset": 9, "cou
 
 def test_each_row_becomes_one_record_keyed_by_its_entity() -> None:
     event = ready("m", "3", outputs=(("prediction", (-1, 1)), ("probs", (-1, 2))))
-    layout = Layout.of(plan(event, TYPES), TYPES)
+    layout = Layout.of(plan(event, TYPES, row_sources=True), TYPES)
     start = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
     batch = pa.RecordBatch.from_pydict(
         {
@@ -64,7 +64,7 @@ def test_each_row_becomes_one_record_keyed_by_its_entity() -> None:
 
 def test_a_layout_holds_plain_values_only() -> None:
     event = ready("m", "1")
-    layout = Layout.of(plan(event, TYPES), TYPES)
+    layout = Layout.of(plan(event, TYPES, row_sources=True), TYPES)
     assert layout.keys == ("entity_id", "window_start", "window_end", "sources")
     assert layout.outputs == ("prediction",)
     assert layout.timestamp_keys == frozenset({"window_start"})

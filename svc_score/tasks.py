@@ -1,0 +1,310 @@
+"""What a scoring job's tasks run, in their Python workers: Arrow batches in,
+scored, written to the task's own Parquet file with pyarrow; the driver gets
+back only each file's name, rows and the clean-event offsets under its rows.
+
+Two ways the batches come:
+
+- ``from_files``: the task reads its share of the input's row groups itself
+  (pyarrow, in C++), so no input row goes through the JVM at all. The job
+  takes it when every input row is scored.
+- ``from_spark``: Spark reads and filters the input (a ``--where``
+  condition is Spark SQL) and hands the task its rows as Arrow batches
+  (``mapInArrow``).
+
+A task's functions capture only plain values (``Task``; protobuf messages
+do not pickle): the plan is built again, and the model loaded, where it
+runs. Each Python worker loads a model once (``shared.model_loading``, the
+model server's own loader) and reuses it for every later batch and task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from shared import model_loading
+from shared.contracts.aistack.v1 import models_pb2
+from shared.feature_store import merge_source_column
+from svc_score.plan import MODEL_COLUMNS, Plan
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+#: What each task tells the driver of the file it wrote (``from_spark``'s
+#: Spark schema; ``from_files`` yields the same as tuples).
+WRITTEN_SCHEMA = "file string, rows long, sources string"
+
+#: numpy and Arrow types of the output columns' Spark types (``Plan.outputs``).
+_NUMPY_OUTPUT_TYPES = {
+    "float": np.float32,
+    "double": np.float64,
+    "tinyint": np.int8,
+    "smallint": np.int16,
+    "int": np.int32,
+    "bigint": np.int64,
+    "boolean": np.bool_,
+}
+_ARROW_OUTPUT_TYPES = {
+    "float": "float32",
+    "double": "float64",
+    "tinyint": "int8",
+    "smallint": "int16",
+    "int": "int32",
+    "bigint": "int64",
+    "boolean": "bool_",
+}
+
+# This Python worker's loaded models, by (name, version, sha256): loaded on
+# the first batch a worker scores, reused by every later one.
+_RUNNERS: dict[tuple[str, str, str], model_loading.Runner] = {}
+
+
+class Written(NamedTuple):
+    """One task's file: its name in the output, rows, and the merged
+    ``sources`` of its rows as JSON (None when the input has none)."""
+
+    file: str
+    rows: int
+    sources: str | None
+
+
+class Unit(NamedTuple):
+    """A row group of an input file, with the file's Hive partition values."""
+
+    path: str
+    row_group: int
+    rows: int
+    partition: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything a task needs, as plain values."""
+
+    event_bytes: bytes
+    columns: tuple[str, ...]
+    row_shape: tuple[int, ...]
+    keys: tuple[str, ...]
+    outputs: tuple[tuple[str, str, bool], ...]
+    cache_dir: str  # where each worker keeps its verified copy of the artifact
+    staging: str  # the output directory being written
+    run_id: str
+    fed_schema: bytes  # the Arrow schema of the columns fed (keys, inputs, sources)
+    output_schema: bytes  # the Arrow schema of the files written
+    merge: str  # the input's sources column; "" when it has none
+    batch_rows: int  # rows per model call
+
+    @classmethod
+    def of(cls, chosen: Plan, fed: pa.Schema, output: pa.Schema, merge: str, **where: Any) -> Task:
+        return cls(
+            event_bytes=chosen.event.SerializeToString(),
+            columns=chosen.columns,
+            row_shape=chosen.row_shape,
+            keys=chosen.keys,
+            outputs=chosen.outputs,
+            fed_schema=fed.serialize().to_pybytes(),
+            output_schema=output.serialize().to_pybytes(),
+            merge=merge,
+            **where,
+        )
+
+
+def output_schema(chosen: Plan, fed: pa.Schema) -> pa.Schema:
+    """The output files' Arrow schema: ``chosen.keys`` as ``fed`` (the
+    Arrow schema of the columns fed) has them, then the model's outputs (a
+    list per row where an output has several values), then the model's
+    name and version."""
+    import pyarrow as pa
+
+    fields = [fed.field(key) for key in chosen.keys]
+    for name, spark_type, scalar in chosen.outputs:
+        value = getattr(pa, _ARROW_OUTPUT_TYPES[spark_type])()
+        fields.append(pa.field(name, value if scalar else pa.list_(value)))
+    fields += [pa.field(column, pa.string()) for column in MODEL_COLUMNS]
+    return pa.schema(fields)
+
+
+def score_batch(
+    runner: model_loading.Runner, chosen: Plan, schema: pa.Schema, batch: pa.RecordBatch
+) -> pa.RecordBatch:
+    """``batch`` (the keys and input columns) scored: ``schema``'s columns.
+    A null input reaches the model as NaN."""
+    import pyarrow as pa
+
+    (signature,) = runner.inputs
+    dtype = model_loading.NUMPY_TYPES[signature.datatype]
+    rows = batch.num_rows
+    x = np.empty((rows, len(chosen.columns)), dtype=dtype)
+    for i, column in enumerate(chosen.columns):
+        x[:, i] = batch.column(column).to_numpy(zero_copy_only=False)
+    predicted = runner.run({signature.name: x.reshape((rows, *chosen.row_shape))})
+    arrays = [batch.column(key) for key in chosen.keys]
+    for name, spark_type, scalar in chosen.outputs:
+        values: np.ndarray[Any, Any] = np.asarray(
+            predicted[name], dtype=_NUMPY_OUTPUT_TYPES[spark_type]
+        ).reshape(rows, -1)
+        if scalar:
+            arrays.append(pa.array(values[:, 0]))
+        else:
+            offsets = np.arange(0, values.size + 1, values.shape[1], dtype=np.int32)
+            arrays.append(pa.ListArray.from_arrays(offsets, values.reshape(-1)))
+    arrays += [pa.array([chosen.event.model_name] * rows), pa.array([chosen.event.version] * rows)]
+    return pa.RecordBatch.from_arrays(
+        [a.cast(field.type) for a, field in zip(arrays, schema, strict=True)], schema=schema
+    )
+
+
+def write_scored(task: Task, name: str, batches: Iterable[pa.RecordBatch]) -> Written | None:
+    """Score ``batches`` into the file ``name`` of the staging directory (a
+    retried task writes the same name again); None, and no file, for no
+    rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.ipc.read_schema(pa.py_buffer(task.output_schema))
+    event = models_pb2.ModelReady.FromString(task.event_bytes)
+    here = Plan(event, task.columns, task.row_shape, task.keys, task.outputs)
+    runner = _runner(task.event_bytes, task.cache_dir)
+    writer: pq.ParquetWriter | None = None
+    rows = 0
+    sources: list[pa.Array] = []
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if writer is None:
+                writer = pq.ParquetWriter(Path(task.staging) / name, schema)
+            writer.write_batch(score_batch(runner, here, schema, batch))
+            rows += batch.num_rows
+            if task.merge:
+                sources.append(batch.column(task.merge))
+    finally:
+        if writer is not None:
+            writer.close()
+    if not rows:
+        return None
+    merged = json.dumps(merge_source_column(pa.chunked_array(sources))) if task.merge else None
+    return Written(name, rows, merged)
+
+
+def file_name(task: Task, index: int) -> str:
+    return f"part-{index:05d}-{task.run_id}.parquet"
+
+
+def from_spark(task: Task) -> Any:
+    """``mapInArrow``'s function: the task's batches as Spark read them."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        written = write_scored(
+            task, file_name(task, context.partitionId() if context else 0), batches
+        )
+        if written is not None:
+            yield pa.RecordBatch.from_pydict(
+                {
+                    "file": pa.array([written.file]),
+                    "rows": pa.array([written.rows], pa.int64()),
+                    "sources": pa.array([written.sources], pa.string()),
+                }
+            )
+
+    return run
+
+
+def from_files(task: Task) -> Any:
+    """``mapPartitionsWithIndex``'s function over ``Unit``s: the task reads
+    its row groups itself."""
+
+    def run(index: int, units: Iterator[Unit]) -> Iterator[Written]:
+        import pyarrow as pa
+
+        fed = pa.ipc.read_schema(pa.py_buffer(task.fed_schema))
+        batches = read_units(list(units), fed, task.batch_rows)
+        written = write_scored(task, file_name(task, index), batches)
+        if written is not None:
+            yield written
+
+    return run
+
+
+def units_of(input_path: str) -> list[Unit]:
+    """Every row group of the Parquet files under ``input_path`` (a file or
+    a directory of Hive partitions ``key=value``), as Spark lists them (files
+    whose name starts with ``_`` or ``.`` are not data)."""
+    import pyarrow.dataset as ds
+
+    dataset = ds.dataset(input_path, format="parquet", partitioning="hive")
+    units = []
+    for fragment in dataset.get_fragments():
+        partition = ds.get_partition_keys(fragment.partition_expression)
+        for group in fragment.split_by_row_group():
+            (row_group,) = group.row_groups
+            units.append(Unit(fragment.path, row_group.id, row_group.num_rows, partition))
+    return units
+
+
+def share(units: Sequence[Unit], tasks: int) -> list[list[Unit]]:
+    """``units`` in at most ``tasks`` shares of about as many rows (the
+    largest first, each to the share with fewest rows), each share in input
+    order; none empty."""
+    shares: list[list[int]] = [[] for _ in range(max(1, min(tasks, len(units))))]
+    sizes = [0] * len(shares)
+    for index in sorted(range(len(units)), key=lambda i: -units[i].rows):
+        least = sizes.index(min(sizes))
+        shares[least].append(index)
+        sizes[least] += units[index].rows
+    return [[units[i] for i in sorted(share)] for share in shares if share]
+
+
+def read_units(units: Sequence[Unit], fed: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """The ``fed`` columns of ``units``, ``batch_rows`` rows a batch, typed as
+    ``fed`` says (as Spark would hand them over): a Hive partition's value
+    for a partition column, nulls for a column a file lacks."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for unit in units:
+        # Spark's INT96 timestamps are microseconds.
+        parquet = pq.ParquetFile(unit.path, coerce_int96_timestamp_unit="us")
+        present = set(parquet.schema_arrow.names)
+        stored = [field.name for field in fed if field.name in present]
+        for batch in parquet.iter_batches(
+            batch_size=batch_rows, row_groups=[unit.row_group], columns=stored
+        ):
+            rows = batch.num_rows
+            arrays = []
+            for field in fed:
+                if field.name in present:
+                    arrays.append(batch.column(field.name).cast(field.type))
+                elif field.name in unit.partition:
+                    value = pa.scalar(unit.partition[field.name])
+                    arrays.append(pa.repeat(value, rows).cast(field.type))
+                else:
+                    arrays.append(pa.nulls(rows, field.type))
+            yield pa.RecordBatch.from_arrays(arrays, schema=fed)
+
+
+def _runner(event_bytes: bytes, cache_dir: str) -> model_loading.Runner:
+    event = models_pb2.ModelReady.FromString(event_bytes)
+    key = (event.model_name, event.version, event.sha256)
+    runner = _RUNNERS.get(key)
+    if runner is None:
+        # A directory of this worker's own: the workers of one machine fetch
+        # at the same time, and each verifies the copy it loads.
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        own = Path(tempfile.mkdtemp(prefix=f"worker-{os.getpid()}-", dir=cache_dir))
+        directory = model_loading.fetch(event, own)
+        # One thread per task: Spark runs as many tasks as it has cores.
+        runner = model_loading.load(event, directory, intra_op_threads=1)
+        _RUNNERS[key] = runner
+    return runner
