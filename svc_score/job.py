@@ -178,11 +178,11 @@ def _from_files(spark: SparkSession, task: tasks.Task, input_path: str) -> list[
         raise InvalidArgument(
             f"{input_path}: cannot read it as Parquet: {_first_line(exc)}"
         ) from exc
+    if not units:
+        return []
     context = spark.sparkContext
     rows = sum(unit.rows for unit in units)
     shares = tasks.share(units, max(context.defaultParallelism, -(-rows // _ROWS_PER_TASK)))
-    if not units:
-        return []
     run = tasks.from_files(task)
     return list(
         context.parallelize(shares, len(shares))
@@ -220,12 +220,11 @@ def _python_error(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-def files_lineage(written: list[Any], output: Path) -> dict[str, dict[str, Any]]:
+def files_lineage(written: list[tasks.Written], output: Path) -> dict[str, dict[str, Any]]:
     """Per Parquet file of ``output``: its rows and, where the input carries
     its windows' ``sources``, the clean-event offsets under its rows, merged
-    per partition (min, max, count), as each task reported them (``written``:
-    rows of ``_WRITTEN_SCHEMA``). A file no task wrote (the empty output's)
-    has its rows only."""
+    per partition (min, max, count), as each task reported them. A file no
+    task wrote (the empty output's) has its rows only."""
     lineage: dict[str, dict[str, Any]] = {}
     for path in sorted(output.glob("*.parquet")):
         lineage[path.name] = {"rows": 0}

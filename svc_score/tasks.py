@@ -102,7 +102,9 @@ class Task:
     batch_rows: int  # rows per model call
 
     @classmethod
-    def of(cls, chosen: Plan, fed: pa.Schema, output: pa.Schema, merge: str, **where: Any) -> Task:
+    def of(cls, chosen: Plan, fed: pa.Schema, output: pa.Schema, merge: str, **run: Any) -> Task:
+        """The task of ``chosen``; ``run``: the other fields (``cache_dir``,
+        ``staging``, ``run_id``, ``batch_rows``)."""
         return cls(
             event_bytes=chosen.event.SerializeToString(),
             columns=chosen.columns,
@@ -112,7 +114,7 @@ class Task:
             fed_schema=fed.serialize().to_pybytes(),
             output_schema=output.serialize().to_pybytes(),
             merge=merge,
-            **where,
+            **run,
         )
 
 
