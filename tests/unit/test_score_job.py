@@ -3,6 +3,7 @@ worker's error in one line, a batch scored in Arrow."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -152,3 +153,55 @@ def test_a_task_reads_its_row_groups_as_spark_hands_them_over(tmp_path: Path) ->
     assert table.column("mean").to_pylist() == [1.0, None, 3.0]
     assert table.column("batch").to_pylist() == [3, 3, 3]  # the partition's value
     assert table.column("sources").to_pylist() == [None, None, None]  # a column it lacks
+
+
+def test_a_task_writes_its_file_and_reports_its_rows_and_their_sources_merged(
+    summing_runner: Callable[..., models_pb2.ModelReady], tmp_path: Path
+) -> None:
+    import pyarrow.parquet as pq
+
+    event = summing_runner(("prediction", (-1, 1)))
+    source = pa.struct(
+        [("topic", pa.string()), ("partition", pa.int32()), ("min_offset", pa.int64()),
+         ("max_offset", pa.int64()), ("count", pa.int64())]
+    )  # fmt: skip
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "entity_id": ["x", "x"],
+            "window_key": ["k1", "k2"],
+            **{column: [1.0, 2.0] for column in COLUMNS},
+            "sources": pa.array(
+                [[{"topic": "t", "partition": 0, "min_offset": 5, "max_offset": 9, "count": 3}],
+                 [{"topic": "t", "partition": 0, "min_offset": 1, "max_offset": 4, "count": 2}]],
+                pa.list_(source),
+            ),
+        }
+    )  # fmt: skip
+    types = {"entity_id": "string", "window_key": "string", **TYPES}
+    chosen = plan(event, types, COLUMNS)
+    task = tasks.Task.of(
+        chosen,
+        batch.schema,
+        tasks.output_schema(chosen, batch.schema),
+        "sources",
+        cache_dir=str(tmp_path / "cache"),
+        staging=str(tmp_path),
+        run_id="run",
+        batch_rows=10,
+    )
+    written = tasks.write_scored(task, "part-00000-run.parquet", [batch, batch.slice(0, 0)])
+    assert written is not None
+    assert (written.file, written.rows) == ("part-00000-run.parquet", 2)
+    merged = {"topic": "t", "partition": 0, "min_offset": 1, "max_offset": 9, "count": 5}
+    assert written.sources is not None and json.loads(written.sources) == [merged]
+    parquet = pq.ParquetFile(tmp_path / written.file)
+    assert parquet.schema_arrow.names == [
+        "entity_id", "window_key", "prediction", "model_name", "model_version",
+    ]  # fmt: skip
+    chunks = parquet.metadata.row_group(0)
+    encodings = {chunks.column(i).path_in_schema: chunks.column(i).encodings for i in range(5)}
+    # Keys that repeat are dictionary-encoded; a window's key (a hash) is not.
+    assert "RLE_DICTIONARY" in encodings["entity_id"]
+    assert "RLE_DICTIONARY" not in encodings["window_key"]
+    assert tasks.write_scored(task, "part-00001-run.parquet", []) is None
+    assert not (tmp_path / "part-00001-run.parquet").exists()
