@@ -29,7 +29,7 @@ count, the lineage file), with ``BATCH`` rows per model call:
 3. ``single process (1 core)``: pyarrow reads the same store in batches of
    the same size, the same verified model (``shared.model_loading``, one
    thread) scores them, pyarrow writes Parquet of the Spark job's output
-   columns, one file per input file; the process pinned to one core while it
+   columns with the encodings its tasks choose, one file per input file; the process pinned to one core while it
    runs (``os.sched_setaffinity``), pyarrow's threads with it. Spark on two
    cores against a plain loop on one: the choice a user of this machine has.
 
@@ -304,6 +304,7 @@ def score_arrow(
 
     from shared.model_loading import NUMPY_TYPES
     from svc_score.plan import plan
+    from svc_score.tasks import dictionary_columns
 
     dataset = ds.dataset(store, format="parquet", partitioning="hive")
     chosen = plan(event, spark_types(dataset.schema))
@@ -331,7 +332,12 @@ def score_arrow(
             names += ["model_name", "model_version"]
             scored = pa.RecordBatch.from_arrays(arrays, names=names)
             if writer is None:
-                writer = pq.ParquetWriter(output / f"part-{number:05d}.parquet", scored.schema)
+                # The same encodings as the job's tasks choose.
+                writer = pq.ParquetWriter(
+                    output / f"part-{number:05d}.parquet",
+                    scored.schema,
+                    use_dictionary=dictionary_columns(chosen.keys),
+                )
             writer.write_batch(scored)
             written += rows
         if writer is not None:

@@ -134,17 +134,19 @@ def test_a_task_reads_its_row_groups_as_spark_hands_them_over(tmp_path: Path) ->
 
     folder = tmp_path / "metric=temperature" / "batch=3"
     folder.mkdir(parents=True)
+    start = pa.array([0, 60_000_000, 120_000_000], pa.timestamp("us"))
     pq.write_table(
-        pa.table({"entity_id": ["a", "b", "c"], "mean": [1.0, None, 3.0]}),
+        pa.table({"entity_id": ["a", "b", "c"], "mean": [1.0, None, 3.0], "start": start}),
         folder / "part-0.parquet",
         row_group_size=2,
+        use_deprecated_int96_timestamps=True,  # as Spark writes them
     )
     units = tasks.units_of(str(tmp_path))
     assert [(u.row_group, u.rows) for u in units] == [(0, 2), (1, 1)]
     assert units[0].partition == {"metric": "temperature", "batch": 3}
     fed = pa.schema(
         [("entity_id", pa.string()), ("mean", pa.float64()), ("batch", pa.int32()),
-         ("sources", pa.list_(pa.int64()))]
+         ("start", pa.timestamp("us", tz="UTC")), ("sources", pa.list_(pa.int64()))]
     )  # fmt: skip
     batches = list(tasks.read_units(units, fed, batch_rows=10))
     table = pa.Table.from_batches(batches)
@@ -152,6 +154,7 @@ def test_a_task_reads_its_row_groups_as_spark_hands_them_over(tmp_path: Path) ->
     assert table.column("entity_id").to_pylist() == ["a", "b", "c"]
     assert table.column("mean").to_pylist() == [1.0, None, 3.0]
     assert table.column("batch").to_pylist() == [3, 3, 3]  # the partition's value
+    assert table.column("start").cast(pa.int64()).to_pylist() == start.cast(pa.int64()).to_pylist()
     assert table.column("sources").to_pylist() == [None, None, None]  # a column it lacks
 
 
