@@ -29,9 +29,10 @@ count, the lineage file), with ``BATCH`` rows per model call:
 3. ``single process (1 core)``: pyarrow reads the same store in batches of
    the same size, the same verified model (``shared.model_loading``, one
    thread) scores them, pyarrow writes Parquet of the Spark job's output
-   columns with the encodings its tasks choose, one file per input file; the process pinned to one core while it
-   runs (``os.sched_setaffinity``), pyarrow's threads with it. Spark on two
-   cores against a plain loop on one: the choice a user of this machine has.
+   columns with the encodings its tasks choose, one file per input file;
+   the process pinned to one core while it runs (``os.sched_setaffinity``),
+   pyarrow's threads with it. Spark on two cores against a plain loop on
+   one: the choice a user of this machine has.
 
 Before each timed run the contender starts afresh (a new SparkSession whose
 workers load the model; for the single process, fetch, verify and load)
