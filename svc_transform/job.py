@@ -168,6 +168,7 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
         offline_path=settings.offline_path(),
         online_key_prefix=settings.online_key_prefix,
         online_ttl_seconds=settings.online_ttl_seconds,
+        driver_max_windows=settings.driver_write_max_windows,
         on_written=metrics.windows_out.labels(WINDOWS_QUERY).inc,
     )
     windows = (

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import Consumer
+from confluent_kafka import Message as KafkaMessage
 
 from compose.local import LocalStack
 from compose.settings import KAFKA_PORT_STEP, InfraSettings
@@ -155,6 +156,14 @@ def _port_free(port: int) -> bool:
 
 def read_topic(kafka: KafkaSettings, topic: str, *, wanted: int, timeout: float) -> list[bytes]:
     """Values of ``topic`` from the start, once ``wanted`` arrived (or the time is up)."""
+    return [record.value() for record in read_records(kafka, topic, wanted=wanted, timeout=timeout)]
+
+
+def read_records(
+    kafka: KafkaSettings, topic: str, *, wanted: int, timeout: float
+) -> list[KafkaMessage]:
+    """Records of ``topic`` from the start (key, headers, partition and
+    value), once ``wanted`` arrived (or the time is up)."""
     consumer = Consumer(
         {
             **kafka.client_config(),
@@ -164,13 +173,11 @@ def read_topic(kafka: KafkaSettings, topic: str, *, wanted: int, timeout: float)
         }
     )
     consumer.subscribe([topic])
-    values: list[bytes] = []
+    records: list[KafkaMessage] = []
     deadline = time.monotonic() + timeout
     try:
-        while time.monotonic() < deadline and len(values) < wanted:
-            for record in consumer.consume(100, timeout=0.5):
-                if not record.error():
-                    values.append(record.value())
+        while time.monotonic() < deadline and len(records) < wanted:
+            records.extend(r for r in consumer.consume(100, timeout=0.5) if not r.error())
     finally:
         consumer.close()
-    return values
+    return records

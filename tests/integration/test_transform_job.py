@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -9,13 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.partitioner import murmur2
 from confluent_kafka import Producer
 
+from shared.bus.envelope import PROTOBUF_CONTENT_TYPE, parse_headers
 from shared.bus.producer import BusProducer
+from shared.bus.topics import partition_count
 from shared.contracts.aistack.v1 import events_pb2, features_pb2
 from shared.feature_store import decode_window, online_field, online_key, open_field
 from shared.redis_client import make_redis
-from tests.infra import Infra, read_topic, wait_until
+from tests.infra import Infra, read_records, read_topic, wait_until
 from tests.integration.transform_job import (
     TransformJob,
     TransformTopics,
@@ -63,8 +67,20 @@ def publish(
     producer.flush()
 
 
+@pytest.mark.parametrize(
+    "driver_max_windows",
+    # The default: a batch's few windows written by the driver; 0: every
+    # batch by Spark's Kafka sink and its executors, as a large one is.
+    ["20000", "0"],
+    ids=["driver-writes", "spark-writes"],
+)
 def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
-    infra: Infra, topics: TransformTopics, producer: BusProducer, tmp_path: Path, spark: Any
+    infra: Infra,
+    topics: TransformTopics,
+    producer: BusProducer,
+    tmp_path: Path,
+    spark: Any,
+    driver_max_windows: str,
 ) -> None:
     job = TransformJob(
         infra,
@@ -72,6 +88,7 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
         tmp_path / "job",
         AISTACK_TRANSFORM_SLIDING_WINDOW_SECONDS="20",
         AISTACK_TRANSFORM_SLIDING_SLIDE_SECONDS="10",
+        AISTACK_TRANSFORM_DRIVER_WRITE_MAX_WINDOWS=driver_max_windows,
     )
     try:
         # What a killed svc_ingest left behind: a transaction that was
@@ -95,9 +112,25 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
         publish(producer, topics.clean, [reading("clock", 40, 0.0)])
 
         # t-1: two tumbling windows, and three 20 s windows sliding every 10 s.
-        records = read_topic(infra.kafka, topics.features, wanted=5, timeout=180)
+        kept = read_records(infra.kafka, topics.features, wanted=5, timeout=180)
+        records = [record.value() for record in kept]
         windows = [features_pb2.FeatureWindow.FromString(v) for v in records]
         assert len(windows) == 5, job.log_text()[-3000:]
+        # Either way, a record as every aistack producer writes one: keyed by
+        # the entity on the partition Kafka's Java partitioner gives the key
+        # (where Spark's sink puts it), the envelope's id the window's key.
+        partitions = partition_count(infra.kafka, topics.features)
+        for record, window in zip(kept, windows, strict=True):
+            assert record.key() == window.entity_id.encode()
+            assert record.partition() == (murmur2(record.key()) & 0x7FFFFFFF) % partitions
+            headed = parse_headers(record.headers())
+            assert (headed.message_type, headed.event_id, headed.source) == (
+                "aistack.v1.FeatureWindow",
+                window.window_key,
+                "svc_transform",
+            )
+            assert headed.content_type == PROTOBUF_CONTENT_TYPE
+            assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", headed.traceparent)
         by_start = {
             w.window_start.ToDatetime(tzinfo=UTC): w for w in windows if w.window_size.seconds == 10
         }
