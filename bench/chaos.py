@@ -53,6 +53,7 @@ from bench.recovery import (
     transform,
     tuner,
 )
+from compose.local import Broker
 from compose.processes import port_open
 from compose.settings import StackSettings
 from compose.stack import ServiceStack
@@ -321,9 +322,13 @@ def _kill_server(stack: ServiceStack, name: str) -> None:
     (status,) = [s for s in stack.infra.status() if s.name == name]
     assert status.pid is not None, f"{name} is not running"
     os.killpg(status.pid, signal.SIGKILL)
-    # Dead before its sockets are closed: the restart must find the port free.
+    # Dead before its sockets are closed: the restart must find its ports
+    # free, a broker's controller port as well as the one clients use (an
+    # exiting process closes them one after the other).
     server = stack.infra.server(name)
-    while port_open(stack.settings.infra.host, server.port) or any(
+    ports = [server.port, *([server.controller_port] if isinstance(server, Broker) else [])]
+    host = stack.settings.infra.host
+    while any(port_open(host, port) for port in ports) or any(
         s.name == name and s.running for s in stack.infra.status()
     ):
         time.sleep(0.05)

@@ -35,6 +35,7 @@ AISTACK_BATCHED = "aistack batched"
 AISTACK_UNBATCHED = "aistack unbatched"
 AISTACK_LOG_OFF = "aistack batched log-off"
 AISTACK_UNBATCHED_LOG_OFF = "aistack unbatched log-off"
+AISTACK_UNBATCHED_UNTRACED = "aistack unbatched log-off untraced"
 KSERVE = "kserve"
 
 
@@ -192,10 +193,13 @@ def _start(
 def start_aistack(name: str, topics: tuple[str, str, str], state: Path, threads: int) -> Server:
     """svc_model as ``name`` says: batched or not, and the prediction log on
     for every request (the worst case of its cost; this run's own topic) or
-    off (the ``log-off`` names)."""
+    off (the ``log-off`` names); ``untraced`` runs the exported program
+    itself, as KServe's ``predict`` does, not TorchScript traced from it."""
     port, metrics_port = free_port(), free_port()
-    batching = name not in (AISTACK_UNBATCHED, AISTACK_UNBATCHED_LOG_OFF)
-    log_fraction = "0" if name in (AISTACK_LOG_OFF, AISTACK_UNBATCHED_LOG_OFF) else "1.0"
+    unbatched = (AISTACK_UNBATCHED, AISTACK_UNBATCHED_LOG_OFF, AISTACK_UNBATCHED_UNTRACED)
+    batching = name not in unbatched
+    log_off = (AISTACK_LOG_OFF, AISTACK_UNBATCHED_LOG_OFF, AISTACK_UNBATCHED_UNTRACED)
+    log_fraction = "0" if name in log_off else "1.0"
     directory = state / name.replace(" ", "-")
     directory.mkdir()
     env = child_env(
@@ -211,6 +215,7 @@ def start_aistack(name: str, topics: tuple[str, str, str], state: Path, threads:
             "AISTACK_MODEL_PREDICTION_LOG_TOPIC": topics[2],
             "AISTACK_MODEL_PREDICTION_LOG_TENSOR_FRACTION": log_fraction,
             "AISTACK_MODEL_PREDICTION_LOG_ENTITY_FRACTION": log_fraction,
+            "AISTACK_MODEL_TRACE_EXPORTED": str(name != AISTACK_UNBATCHED_UNTRACED).lower(),
         },
         kafka=kafka_settings(),
         redis=redis_settings(),

@@ -36,8 +36,10 @@ class Loader:
         Raises ArtifactRejected, InvalidArgument (a bad version string)."""
         number = version_number(event.version)
         directory = model_loading.fetch(event, self._cache)
-        runner = model_loading.load(event, directory, self._settings.intra_op_threads)
         settings = self._settings
+        runner = model_loading.load(
+            event, directory, settings.intra_op_threads, trace_exported=settings.trace_exported
+        )
         merge = settings.batching and runner.batched
         name = event.model_name
         batch_rows = self._metrics.batch_rows.labels(name)
@@ -74,6 +76,7 @@ class Loader:
             model=name,
             version=number,
             platform=runner.platform,
+            runtime=runner.runtime or runner.platform,
             batching=merge,
             path=str(directory),
         )

@@ -39,6 +39,9 @@ class ModelSettings(GrpcServerSettings):
     instances: int = Field(default=1, ge=1, le=64)
     # Threads each framework uses inside one execution (0: the framework's default).
     intra_op_threads: int = Field(default=0, ge=0, le=1024)
+    # A torch.export program with a batch dimension runs as TorchScript traced
+    # from it where that computes the same (shared.model_loading.traced_program).
+    trace_exported: bool = True
     # svc_transform's online store: one hash per entity under this prefix.
     online_key_prefix: str = ONLINE_KEY_PREFIX
     # Where artifacts on remote stores (s3://…) are copied before loading.

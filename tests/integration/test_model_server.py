@@ -109,6 +109,13 @@ def test_tritonclient_gets_what_each_framework_computes(
         np.testing.assert_allclose(got["raw"]["probabilities"], expected, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(got["typed"]["probabilities"], expected, rtol=1e-5, atol=1e-6)
         assert got["typed"]["id"] == "typed-1"
+    # The torch.export program was served as TorchScript traced from it
+    # (AISTACK_MODEL_TRACE_EXPORTED, on by default): the answers above are
+    # the trace's.
+    runtime = server.on_loop(
+        lambda: server.server.core.repository.resolve("digits-torch", "").executor.runner.runtime
+    )
+    assert runtime == "traced"
     index = {(m["name"], m["version"]): m["state"] for m in report["index"]["models"]}
     assert index == {("digits-torch", "1"): "READY", ("digits-tf", "1"): "READY"}
     assert report["ready_after_unload"] is False

@@ -12,6 +12,7 @@ from bench.serving_servers import (
     AISTACK_LOG_OFF,
     AISTACK_UNBATCHED,
     AISTACK_UNBATCHED_LOG_OFF,
+    AISTACK_UNBATCHED_UNTRACED,
     KSERVE,
 )
 
@@ -50,6 +51,7 @@ def test_every_line_measures_in_the_usual_order_once() -> None:
         (AISTACK_LOG_OFF, 16),
         (AISTACK_UNBATCHED, 16),
         (AISTACK_UNBATCHED_LOG_OFF, 16),
+        (AISTACK_UNBATCHED_UNTRACED, 16),
         (KSERVE, 16),
     ]
 
@@ -60,14 +62,17 @@ def test_unbatched_vs_kserve_is_unbatched_throughput_over_kserves(
     best = {
         (AISTACK_UNBATCHED_LOG_OFF, 16): result(1200.0),
         (AISTACK_UNBATCHED, 16): result(1100.0),
+        (AISTACK_UNBATCHED_UNTRACED, 16): result(900.0),
         (KSERVE, 16): result(1000.0),
     }
     serving.print_figure("unbatched_vs_kserve_c16", best)
     serving.print_figure("unbatched_logged_vs_kserve_c16", best)
+    serving.print_figure("unbatched_untraced_vs_kserve_c16", best)
     # Against a peer, so not labelled as aistack against itself.
     assert capsys.readouterr().out.splitlines() == [
         "unbatched_vs_kserve_c16: ratio 1.20 (goal 1.2)",
         "unbatched_logged_vs_kserve_c16: ratio 1.10 (goal 1.2)",
+        "unbatched_untraced_vs_kserve_c16: ratio 0.90 (goal 1.2)",
     ]
 
 

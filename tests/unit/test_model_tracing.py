@@ -1,0 +1,110 @@
+"""A torch.export program served as TorchScript traced from it
+(``shared.model_loading.traced_program``): only where the trace computes what
+the program computes, at every batch size; the program itself otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shared.contracts.aistack.v1 import models_pb2
+from shared.model_loading import TensorSig, load, traced_program
+
+BATCH = torch.export.Dim("batch", min=1)
+
+
+class Flattening(torch.nn.Module):
+    """What the project's own CNN does: flatten from the batch dimension on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.linear(x.flatten(1)), -1)
+
+
+class SizedView(Flattening):
+    """Reads the batch size off its input: the program takes it per call, a
+    trace would keep the one it saw."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.linear(x.view(x.shape[0], -1)), -1)
+
+
+class Branching(torch.nn.Module):
+    """Control flow in the graph: a trace would keep one branch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda t: t * 2, lambda t: t - 1, (x,))
+
+
+def program(module: torch.nn.Module, *shape: int) -> torch.nn.Module:
+    exported = torch.export.export(module, (torch.randn(4, *shape),), dynamic_shapes=({0: BATCH},))
+    return exported.module()
+
+
+def signature(*shape: int) -> tuple[TensorSig, ...]:
+    return (TensorSig("x", "FP32", (-1, *shape)),)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_a_traced_program_computes_what_the_program_computes_at_any_batch_size(rows: int) -> None:
+    exported = program(Flattening(), 2, 3)
+    traced = traced_program(exported, signature(2, 3))
+    assert isinstance(traced, torch.jit.ScriptModule)
+    x = torch.randn(rows, 2, 3)
+    with torch.inference_mode():
+        assert torch.equal(traced(x), exported(x))
+
+
+@pytest.mark.parametrize(
+    ("module", "shape"),
+    [(SizedView(), (2, 3)), (Branching(), (3,))],
+    ids=["batch-size-read-off-the-input", "torch-cond"],
+)
+def test_a_program_a_trace_would_compute_otherwise_is_not_traced(
+    module: torch.nn.Module, shape: tuple[int, ...]
+) -> None:
+    assert traced_program(program(module, *shape), signature(*shape)) is None
+
+
+def test_an_input_of_strings_is_not_traced() -> None:
+    strings = (TensorSig("x", "BYTES", (-1, 6)),)
+    assert traced_program(program(Flattening(), 2, 3), strings) is None
+
+
+def _artifact(tmp_path: Path, module: torch.nn.Module) -> models_pb2.ModelReady:
+    exported = torch.export.export(module, (torch.randn(4, 2, 3),), dynamic_shapes=({0: BATCH},))
+    torch.export.save(exported, str(tmp_path / "model.pt2"))
+    return models_pb2.ModelReady(
+        model_name="m",
+        version="1",
+        format=models_pb2.ARTIFACT_FORMAT_TORCH_EXPORT,
+        inputs=[models_pb2.TensorSpec(name="x", datatype="FP32", shape=[-1, 2, 3])],
+        outputs=[models_pb2.TensorSpec(name="p", datatype="FP32", shape=[-1, 3])],
+    )
+
+
+@pytest.mark.parametrize(
+    ("module", "trace", "runtime"),
+    [
+        (Flattening(), True, "traced"),
+        (Flattening(), False, ""),
+        (SizedView(), True, ""),
+    ],
+    ids=["traced", "trace-off", "not-traceable"],
+)
+def test_load_serves_the_trace_only_when_asked_and_it_holds(
+    tmp_path: Path, module: torch.nn.Module, trace: bool, runtime: str
+) -> None:
+    runner = load(_artifact(tmp_path, module), tmp_path, trace_exported=trace)
+    assert (runner.platform, runner.runtime) == ("pytorch_export", runtime)
+    x = np.random.default_rng(1).standard_normal((5, 2, 3)).astype(np.float32)
+    with torch.inference_mode():
+        expected = module(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(runner.run({"x": x})["p"], expected, rtol=1e-6, atol=1e-7)
