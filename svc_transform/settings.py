@@ -59,9 +59,9 @@ class TransformSettings(ServiceSettings):
     open_windows: Literal["tumbling", "all", "none"] = "tumbling"
     open_window_trigger_seconds: float = Field(default=0.0, ge=0)
     # A closed-window batch of at most this many windows is written to Kafka
-    # and Redis by the driver from one collect (no Spark job, no Python
-    # worker: a second off each batch on 2 cores); a larger one by Spark's
-    # Kafka sink and its executors. 0: always by Spark.
+    # and Redis by the driver from one collect (no Kafka job, no Python
+    # workers; the windows.written log line times each part); a larger one
+    # by Spark's Kafka sink and its executors. 0: always by Spark.
     driver_write_max_windows: int = Field(default=20_000, ge=0)
     metrics_port: int = Field(default=9103, ge=0, le=65535)
 
