@@ -24,9 +24,7 @@ and measured one at a time:
 * kserve: KServe's ``ModelServer`` (bench.serving_kserve: a ``kserve.Model``
   with a synchronous ``predict``, one worker) on its v2 gRPC endpoint.
 * in-process: the exported module called directly on the numpy image, in one
-  process: the latency floor. (A trace called from the floor's caller
-  thread measured slower than the module, 0.49 ms p50 against 0.24: a
-  floor that slow would flatter ``p50_overhead_c1``.) At C=16 it still runs each call alone, so a
+  process: the latency floor. At C=16 it still runs each call alone, so a
   server that batches may pass its throughput.
 
 Every server and the floor run torch with the same intra-op thread count:

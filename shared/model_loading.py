@@ -69,7 +69,11 @@ class Runner:
     @property
     def batched(self) -> bool:
         """Whether every input and output has a leading batch dimension."""
-        return all(sig.shape[:1] == (-1,) for sig in (*self.inputs, *self.outputs))
+        return _batched(self.inputs, self.outputs)
+
+
+def _batched(inputs: Sequence[TensorSig], outputs: Sequence[TensorSig]) -> bool:
+    return all(sig.shape[:1] == (-1,) for sig in (*inputs, *outputs))
 
 
 def signature(specs: Sequence[models_pb2.TensorSpec]) -> tuple[TensorSig, ...]:
@@ -143,11 +147,9 @@ def load(
     fmt = event.format
     try:
         with _framework_lock:
-            if fmt == models_pb2.ARTIFACT_FORMAT_TORCH_EXPORT and trace_exported:
-                runner = _torch_export_traced(directory, inputs, outputs, intra_op_threads)
-                if runner is not None:
-                    return runner
-            run, platform = _load(fmt, directory, inputs, outputs, intra_op_threads)
+            run, platform, runtime = _load(
+                fmt, directory, inputs, outputs, intra_op_threads, trace_exported
+            )
     except ArtifactRejected:
         raise
     except Exception as exc:  # whatever the framework raises on bad bytes
@@ -155,7 +157,7 @@ def load(
             f"{directory.name}: the framework cannot load it: {type(exc).__name__}: {exc}",
             reason=UNLOADABLE,
         ) from exc
-    return Runner(inputs=inputs, outputs=outputs, run=run, platform=platform)
+    return Runner(inputs=inputs, outputs=outputs, run=run, platform=platform, runtime=runtime)
 
 
 def _load(
@@ -164,13 +166,17 @@ def _load(
     inputs: tuple[TensorSig, ...],
     outputs: tuple[TensorSig, ...],
     intra_op_threads: int,
-) -> tuple[Callable[[Arrays], dict[str, NDArray[Any]]], str]:
+    trace_exported: bool,
+) -> tuple[Callable[[Arrays], dict[str, NDArray[Any]]], str, str]:
+    """The model's run, its platform and, when it differs, its runtime."""
     if fmt == models_pb2.ARTIFACT_FORMAT_TORCH_EXPORT:
-        return _torch_export(directory, inputs, outputs, intra_op_threads), "pytorch_export"
+        run, runtime = _torch_export(directory, inputs, outputs, intra_op_threads, trace_exported)
+        return run, "pytorch_export", runtime
     if fmt == models_pb2.ARTIFACT_FORMAT_TORCHSCRIPT:
-        return _torchscript(directory, inputs, outputs, intra_op_threads), "pytorch_libtorch"
+        return _torchscript(directory, inputs, outputs, intra_op_threads), "pytorch_libtorch", ""
     if fmt == models_pb2.ARTIFACT_FORMAT_TF_SAVED_MODEL:
-        return _saved_model(directory, inputs, outputs, intra_op_threads), "tensorflow_savedmodel"
+        run = _saved_model(directory, inputs, outputs, intra_op_threads)
+        return run, "tensorflow_savedmodel", ""
     name = models_pb2.ArtifactFormat.Name(fmt) if fmt in _FORMATS else str(fmt)
     raise ArtifactRejected(f"cannot serve format {name}", reason=UNSUPPORTED_FORMAT)
 
@@ -264,25 +270,18 @@ def _torch_export(
     inputs: tuple[TensorSig, ...],
     outputs: tuple[TensorSig, ...],
     intra_op_threads: int,
-) -> Callable[[Arrays], dict[str, NDArray[Any]]]:
+    trace: bool,
+) -> tuple[Callable[[Arrays], dict[str, NDArray[Any]]], str]:
+    """The program's run, traced (runtime ``traced``) where ``trace`` asks
+    and ``traced_program`` gives a trace."""
     torch = _torch_threads(intra_op_threads)
     path = _one_file(directory, TORCH_EXPORT_FILE, ".pt2")
     # torch.export.load reads a zip of the program and its tensors: no pickle.
-    return _torch_call(torch.export.load(str(path)).module(), inputs, outputs)
-
-
-def _torch_export_traced(
-    directory: Path,
-    inputs: tuple[TensorSig, ...],
-    outputs: tuple[TensorSig, ...],
-    intra_op_threads: int,
-) -> Runner | None:
-    torch = _torch_threads(intra_op_threads)
-    program = torch.export.load(str(_one_file(directory, TORCH_EXPORT_FILE, ".pt2"))).module()
-    sigs = Runner(inputs, outputs, lambda arrays: {}, "pytorch_export")
-    traced = traced_program(program, inputs) if sigs.batched else None
-    module, runtime = (program, "") if traced is None else (traced, "traced")
-    return Runner(inputs, outputs, _torch_call(module, inputs, outputs), "pytorch_export", runtime)
+    program = torch.export.load(str(path)).module()
+    traced = traced_program(program, inputs) if trace and _batched(inputs, outputs) else None
+    if traced is None:
+        return _torch_call(program, inputs, outputs), ""
+    return _torch_call(traced, inputs, outputs), "traced"
 
 
 #: Batch sizes a traced program must compute as its program does: the one it
@@ -345,7 +344,8 @@ def _same_outputs(expected: Any, got: Any) -> bool:
     import torch
 
     if isinstance(expected, torch.Tensor):
-        expected, got = (expected,), got if isinstance(got, tuple | list) else (got,)
+        expected = (expected,)
+        got = got if isinstance(got, tuple | list) else (got,)
     if isinstance(expected, Mapping):
         if not isinstance(got, Mapping) or set(got) != set(expected):
             return False

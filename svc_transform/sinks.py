@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 
 from shared.bus import envelope
+from shared.bus.codec import type_name
 from shared.bus.producer import BusProducer
+from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
 from shared.feature_store import (
     OFFLINE_COLUMNS,
     PARTITION_COLUMNS,
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, Row
 
 SERVICE = "svc_transform"
-FEATURE_WINDOW_TYPE = "aistack.v1.FeatureWindow"
+FEATURE_WINDOW_TYPE = type_name(FeatureWindow)
 
 log = get_logger("svc_transform")
 
@@ -139,6 +141,7 @@ class WindowSink:
         self._kafka = kafka
         self._driver_max_windows = driver_max_windows
         self._producer: BusProducer | None = None
+        self._headers = envelope.HeaderTemplate(FEATURE_WINDOW_TYPE, SERVICE)
         # The two stores are written concurrently on the cached windows: the
         # batch takes the slower one's time, not their sum.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="window-store")
@@ -189,15 +192,7 @@ class WindowSink:
     def _collect(self, batch: DataFrame) -> list[Row]:
         """The batch's windows as the driver writes them: Redis's columns and
         the record's key and event id, with the FeatureWindow bytes."""
-        return batch.select(
-            "entity_id",
-            "metric",
-            "path",
-            "window",
-            "window_key",
-            F.unix_millis("window_end").alias("end_ms"),
-            feature_window_bytes().alias("value"),
-        ).collect()
+        return batch.select(*_online_columns(), "window_key").collect()
 
     def _produce(self, rows: Iterable[Row]) -> None:
         """The windows to the features topic as Spark's Kafka sink writes
@@ -209,7 +204,7 @@ class WindowSink:
             producer = self._producer = BusProducer(
                 self._kafka, source=SERVICE, config={"partitioner": "murmur2_random"}
             )
-        headers = envelope.HeaderTemplate(FEATURE_WINDOW_TYPE, SERVICE)
+        headers = self._headers
         for row in rows:
             producer.publish_raw(
                 self._topic,
@@ -248,14 +243,20 @@ class WindowSink:
         def write(rows: Iterable[Row]) -> None:
             _write_online(rows, settings, prefix, ttl)
 
-        batch.select(
-            "entity_id",
-            "metric",
-            "path",
-            "window",
-            F.unix_millis("window_end").alias("end_ms"),
-            feature_window_bytes().alias("value"),
-        ).foreachPartition(write)
+        batch.select(*_online_columns()).foreachPartition(write)
+
+
+def _online_columns() -> list[Column | str]:
+    """A closed window as ``_write_online`` stores it: its field's parts, its
+    end (which replaces which) and its FeatureWindow bytes."""
+    return [
+        "entity_id",
+        "metric",
+        "path",
+        "window",
+        F.unix_millis("window_end").alias("end_ms"),
+        feature_window_bytes().alias("value"),
+    ]
 
 
 class OpenWindowSink:
