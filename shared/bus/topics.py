@@ -130,18 +130,7 @@ def ensure_topics(
         if spec.name not in existing
     ]
     if to_create:
-        for name, future in admin.create_topics(to_create, request_timeout=timeout).items():
-            try:
-                future.result()
-                outcome[name] = "created"
-            except KafkaException as exc:
-                error = exc.args[0]
-                if not (
-                    isinstance(error, KafkaError)
-                    and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
-                ):
-                    raise FailedPrecondition(f"cannot create topic {name}: {exc}") from exc
-                outcome[name] = "exists"  # another process won the race
+        outcome.update(_create(admin, to_create, timeout))
 
     for spec in specs:
         if spec.name in outcome:
@@ -152,6 +141,52 @@ def ensure_topics(
             admin, spec.name, wanted, existing[spec.name], partitions, timeout
         )
     _await_listed(admin, [spec.name for spec in specs], timeout)
+    return outcome
+
+
+# A request that dies with its connection may or may not have reached the
+# controller: on a cluster just started, librdkafka drops the bootstrap
+# connection an admin request went out on once it has learned the brokers
+# (_DESTROY_BROKER), and a controller may move. Asking again is safe, since a
+# topic the lost request did create answers TOPIC_ALREADY_EXISTS.
+_TRANSIENT = frozenset(
+    {
+        KafkaError._DESTROY_BROKER,  # type: ignore[attr-defined]  # not in the stubs
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+)
+
+
+def _create(admin: AdminClient, topics: list[NewTopic], timeout: float) -> dict[str, Outcome]:
+    outcome: dict[str, Outcome] = {}
+    deadline = time.monotonic() + timeout
+    pending = topics
+    while pending:
+        retry: list[NewTopic] = []
+        results = admin.create_topics(pending, request_timeout=timeout)
+        for topic in pending:
+            name = topic.topic
+            try:
+                results[name].result()
+                outcome[name] = "created"
+            except KafkaException as exc:
+                error = exc.args[0]
+                code = error.code() if isinstance(error, KafkaError) else None
+                if code == KafkaError.TOPIC_ALREADY_EXISTS:
+                    outcome[name] = "exists"  # another process (or our lost try) won
+                elif isinstance(error, KafkaError) and (code in _TRANSIENT or error.retriable()):
+                    if time.monotonic() > deadline:
+                        raise Unavailable(f"cannot create topic {name} in time: {exc}") from exc
+                    retry.append(topic)
+                else:
+                    raise FailedPrecondition(f"cannot create topic {name}: {exc}") from exc
+        if retry:
+            time.sleep(0.2)
+        pending = retry
     return outcome
 
 
