@@ -196,10 +196,15 @@ class Result:
     failures: int = 0
     first_failure: str = ""
     mean_batch: float = 0.0
+    server_cpu_ms: float = 0.0  # the server process's CPU per counted request
+    server_cores: float = 0.0  # the server process's CPU over the counted window's length
 
 
 def summarise(
-    parts: list[tuple[list[float], int, str]], duration: float, mean_batch: float = 0.0
+    parts: list[tuple[list[float], int, str]],
+    duration: float,
+    mean_batch: float = 0.0,
+    server_cpu_s: float = 0.0,
 ) -> Result:
     latencies = np.array([value for part in parts for value in part[0]])
     failures = sum(part[1] for part in parts)
@@ -207,7 +212,16 @@ def summarise(
     if latencies.size == 0:
         return Result(0.0, float("nan"), float("nan"), failures, first)
     p50, p99 = np.percentile(latencies, [50, 99]) * 1000
-    return Result(latencies.size / duration, float(p50), float(p99), failures, first, mean_batch)
+    return Result(
+        latencies.size / duration,
+        float(p50),
+        float(p99),
+        failures,
+        first,
+        mean_batch,
+        server_cpu_s / latencies.size * 1000,
+        server_cpu_s / duration,
+    )
 
 
 class Bench:
@@ -238,13 +252,25 @@ class Bench:
         before = server.mean_batch() if server.metrics_port else (0.0, 0.0)
         for client, threads in used:
             client.send("run", server.address, threads, warm_at, end_at, self.images)
+        # The server's CPU over the counted window: where it goes beside the
+        # cores the clients take (a spinning thread team shows as cores).
+        time.sleep(max(0.0, warm_at - time.monotonic()))
+        cpu_before = cpu_seconds(server.process.pid)
+        time.sleep(max(0.0, end_at - time.monotonic()))
+        cpu = cpu_seconds(server.process.pid) - cpu_before
         parts = [client.answer(timeout) for client, _ in used]
         mean = 0.0
         if server.metrics_port:
             after = server.mean_batch()
             runs = after[1] - before[1]
             mean = (after[0] - before[0]) / runs if runs else 0.0
-        return summarise(parts, self.duration, mean)
+        return summarise(parts, self.duration, mean, cpu)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process ``pid`` has used so far (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _split(total: int, processes: int) -> list[int]:
@@ -272,6 +298,10 @@ def line(target: str, concurrency: int, result: Result) -> str:
     )
     if result.mean_batch:
         text += f"  (mean batch {result.mean_batch:.1f} rows)"
+    if result.server_cpu_ms:
+        text += (
+            f"  server CPU {result.server_cpu_ms:.2f} ms/request, {result.server_cores:.2f} cores"
+        )
     if result.failures:
         text += f"  [{result.failures} failed calls, first: {result.first_failure}]"
     return text

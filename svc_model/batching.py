@@ -6,8 +6,11 @@ the requests behind it that fit (same trailing shapes, at most
 while the model computes waits for the next batch, so merging happens under
 load without delaying a lone caller. ``max_queue_delay`` lets the first
 request wait that long for company when the batch is not full yet. Each
-caller gets back its own rows. Inference runs in a thread pool, never on the
-event loop. ``max_batch_size=1`` is the plain scheduler (no merging).
+caller gets back its own rows. Inference runs on the version's own threads,
+never on the event loop: a batch goes to a free instance thread and its
+results come back in one call on the loop, with no asyncio task or
+executor future per request. ``max_batch_size=1`` is the plain scheduler
+(no merging).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 Arrays = Mapping[str, NDArray[Any]]
+# A request's outputs, or why it has none.
+Outcome = dict[str, NDArray[Any]] | Exception
 # (rows in the execution, how long each of its requests waited)
 Observe = Callable[[int, list[float]], None]
 
@@ -63,7 +68,6 @@ class Batcher:
         self._queue: deque[_Request] = deque()
         self._running = 0
         self._timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def merging(self) -> bool:
@@ -92,10 +96,15 @@ class Batcher:
                     return
             batch = self._take()
             self._running += 1
-            # The loop keeps only weak references to tasks: hold them here.
-            task = loop.create_task(self._execute(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._observe(
+                sum(r.rows for r in batch), [time.perf_counter() - r.queued_at for r in batch]
+            )
+            try:
+                self._executor.submit(self._execute, batch, loop)
+            except RuntimeError as exc:  # its threads are shut down: the process is exiting
+                self._running -= 1
+                for request in batch:
+                    _fail(request, exc)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -124,32 +133,38 @@ class Batcher:
         self._queue.extendleft(reversed(kept))
         return batch
 
-    async def _execute(self, batch: list[_Request]) -> None:
-        loop = asyncio.get_running_loop()
-        started = time.perf_counter()
+    def _execute(self, batch: list[_Request], loop: asyncio.AbstractEventLoop) -> None:
+        """On an instance thread: run ``batch``, hand every result to the loop."""
+        results = self._results(batch)
         try:
-            self._observe(sum(r.rows for r in batch), [started - r.queued_at for r in batch])
+            loop.call_soon_threadsafe(self._finish, batch, results)
+        except RuntimeError:  # the loop closed under us: nobody waits any more
+            pass
+
+    def _results(self, batch: list[_Request]) -> list[Outcome]:
+        try:
+            outcomes: list[Outcome] = [*self._run_batch(batch)]
+            return outcomes
+        except Exception as exc:
+            if len(batch) == 1:
+                return [exc]
+        # One caller's rows must not fail the others: run each alone.
+        results: list[Outcome] = []
+        for request in batch:
             try:
-                outputs = await loop.run_in_executor(self._executor, self._run_batch, batch)
-            except Exception as exc:
-                if len(batch) == 1:
-                    _fail(batch[0], exc)
-                    return
-                # One caller's rows must not fail the others: run each alone.
-                for request in batch:
-                    try:
-                        alone = await loop.run_in_executor(
-                            self._executor, self._run, request.inputs
-                        )
-                        _succeed(request, alone)
-                    except Exception as single:
-                        _fail(request, single)
-                return
-            for request, result in zip(batch, outputs, strict=True):
+                results.append(self._run(request.inputs))
+            except Exception as single:
+                results.append(single)
+        return results
+
+    def _finish(self, batch: list[_Request], results: list[Outcome]) -> None:
+        self._running -= 1
+        for request, result in zip(batch, results, strict=True):
+            if isinstance(result, Exception):
+                _fail(request, result)
+            else:
                 _succeed(request, result)
-        finally:
-            self._running -= 1
-            self._dispatch()
+        self._dispatch()
 
     def _run_batch(self, batch: list[_Request]) -> list[dict[str, NDArray[Any]]]:
         if len(batch) == 1:

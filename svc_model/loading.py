@@ -37,11 +37,33 @@ class Loader:
         number = version_number(event.version)
         directory = model_loading.fetch(event, self._cache)
         settings = self._settings
-        runner = model_loading.load(
-            event, directory, settings.intra_op_threads, trace_exported=settings.trace_exported
-        )
-        merge = settings.batching and runner.batched
         name = event.model_name
+        # Each version runs on threads of its own, always the same ones, and
+        # so does all its framework work (load, trace, checks): torch and
+        # TensorFlow keep a team of intra-op threads per calling thread, and
+        # every team beyond the first costs every call. GNU OpenMP spins a
+        # waiting worker only while its process holds no more threads than
+        # cores; past that it parks and wakes them per operator (measured: the
+        # digits CNN's call 0.18 ms on one team, 0.7 ms once a loading thread
+        # had run it too; a shared pool's threads did the same). The threads
+        # end when the version is dropped.
+        executor = ThreadPoolExecutor(
+            max_workers=settings.instances, thread_name_prefix=f"infer-{name}-{number}"
+        )
+
+        def prepare() -> Runner:
+            runner = model_loading.load(
+                event, directory, settings.intra_op_threads, trace_exported=settings.trace_exported
+            )
+            model_loading.smoke_test(runner)
+            return runner
+
+        try:
+            runner = executor.submit(prepare).result()
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        merge = settings.batching and runner.batched
         batch_rows = self._metrics.batch_rows.labels(name)
         queue_delay = self._metrics.queue_delay.labels(name)
 
@@ -50,19 +72,6 @@ class Loader:
             for waited in waits:
                 queue_delay.observe(waited)
 
-        # Each version runs on threads of its own, always the same ones (its
-        # check included): torch and TensorFlow keep a team of intra-op
-        # threads per calling thread, and the teams of a shared pool's every
-        # thread spin against each other on the cores (measured: 3x slower
-        # calls). The threads end when the version is dropped.
-        executor = ThreadPoolExecutor(
-            max_workers=settings.instances, thread_name_prefix=f"infer-{name}-{number}"
-        )
-        try:
-            executor.submit(model_loading.smoke_test, runner).result()
-        except BaseException:
-            executor.shutdown(wait=False)
-            raise
         batcher = Batcher(
             runner.run,
             executor,

@@ -134,3 +134,47 @@ def test_without_merging_each_request_runs_alone(max_batch_size: int) -> None:
 
     run(scenario())
     assert model.batches == [2, 3, 1]
+
+
+def test_the_model_runs_on_the_instance_threads_and_each_caller_resumes_on_the_loop() -> None:
+    ran_on: list[str] = []
+
+    def model(inputs: Any) -> dict[str, Any]:
+        ran_on.append(threading.current_thread().name)
+        return {"y": inputs["x"] * 2}
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="instance")
+
+    async def scenario() -> list[str]:
+        batcher = Batcher(model, pool, max_batch_size=1)
+        resumed_on = []
+        for i in range(3):
+            result = await batcher.submit(rows(i, 1), 1)
+            np.testing.assert_array_equal(result["y"], rows(2 * i, 1)["x"])
+            resumed_on.append(threading.current_thread().name)
+        return resumed_on
+
+    assert run(scenario()) == ["MainThread"] * 3
+    assert ran_on == ["instance_0"] * 3
+
+
+def test_a_dropped_versions_queued_requests_fail_rather_than_wait() -> None:
+    model = Model()
+    pool = ThreadPoolExecutor(1)
+
+    async def scenario() -> list[Any]:
+        batcher = Batcher(model, pool, max_batch_size=1)
+        model.gate.clear()
+        running = asyncio.ensure_future(batcher.submit(rows(1, 1), 1))
+        await asyncio.sleep(0.05)
+        queued = asyncio.ensure_future(batcher.submit(rows(2, 1), 1))
+        await asyncio.sleep(0.05)
+        pool.shutdown(wait=False)  # the process is exiting: the threads take no more
+        model.gate.set()
+        return list(
+            await asyncio.wait_for(asyncio.gather(running, queued, return_exceptions=True), 5)
+        )
+
+    done, refused = run(scenario())
+    np.testing.assert_array_equal(done["y"], [[2, 2, 2]])
+    assert isinstance(refused, RuntimeError)

@@ -4,7 +4,11 @@ the program computes, at every batch size; the program itself otherwise."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -108,3 +112,48 @@ def test_load_serves_the_trace_only_when_asked_and_it_holds(
     with torch.inference_mode():
         expected = module(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(runner.run({"x": x})["p"], expected, rtol=1e-6, atol=1e-7)
+
+
+def test_svc_models_loader_loads_traces_checks_and_serves_a_version_on_its_own_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every thread that runs torch keeps a team of intra-op threads, and a
+    second team slows every call (GNU OpenMP stops spinning): svc_model runs
+    all of a version's torch work on the version's own thread."""
+    from prometheus_client import CollectorRegistry
+
+    from shared import model_loading
+    from svc_model.loading import Loader
+    from svc_model.metrics import ModelMetrics
+    from svc_model.settings import ModelSettings
+
+    event = _artifact(tmp_path, Flattening())
+    ran_on: dict[str, set[str]] = {"load": set(), "smoke_test": set(), "run": set()}
+
+    def recorded(name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            ran_on[name].add(threading.current_thread().name)
+            return real(*args, **kwargs)
+
+        return call
+
+    real_load = model_loading.load
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        runner = recorded("load", real_load)(*args, **kwargs)
+        return replace(runner, run=recorded("run", runner.run))
+
+    monkeypatch.setattr(model_loading, "fetch", lambda event, cache: tmp_path)
+    monkeypatch.setattr(model_loading, "load", load)
+    monkeypatch.setattr(
+        model_loading, "smoke_test", recorded("smoke_test", model_loading.smoke_test)
+    )
+    settings = ModelSettings(batching=False, artifact_cache_dir=tmp_path / "cache")
+    served = Loader(settings, ModelMetrics.create(CollectorRegistry())).load(event)
+
+    async def infer() -> None:
+        x = np.ones((1, 2, 3), np.float32)
+        await served.executor.batcher.submit({"x": x}, 1)
+
+    asyncio.run(infer())
+    assert ran_on["load"] == ran_on["smoke_test"] == ran_on["run"] == {"infer-m-1_0"}
