@@ -27,10 +27,14 @@ and measured one at a time:
   process: the latency floor. At C=16 it still runs each call alone, so a
   server that batches may pass its throughput.
 
-Every server and the floor run torch with the same intra-op thread count:
-``--threads``, by default 0, torch's own default (one per core), which is
-what both servers deploy with. Every server is checked first: its
-probabilities for a few images must match the in-process module's.
+Intra-op threads: ``--threads N`` gives every server and the floor N; by
+default (0) each runs as deployed: KServe and the floor with torch's own
+default (one per core), svc_model with its own (one per execution,
+``AISTACK_MODEL_INTRA_OP_THREADS``; as deployed, its unbatched version then
+runs on the event loop, ``AISTACK_MODEL_INLINE_MAX_MS``, as KServe's
+``predict`` does). Every server is checked first: its probabilities for a
+few images must match the in-process module's. Each server line gives the
+server process's CPU per request and cores over the counted window.
 
 The client is tritonclient's gRPC client, one request one image ([1, 8, 8]
 FP32), closed loop: each caller sends its next request when the last one
@@ -48,7 +52,7 @@ Clients and servers share the machine's cores, as they would a node; the
 client's cost is the same for every server. On a machine with few cores that
 also runs other work the figures move from run to run, KServe's at C=16 most:
 its ``predict`` blocks its event loop, and torch's thread team then competes
-with the clients for the cores (``--threads 1`` takes that out).
+with the clients for the cores (``--threads 1`` takes that out for both).
 
 Prints a line per configuration (for svc_model also the mean rows per model
 execution over the run, off its own batch-size histogram), then, higher

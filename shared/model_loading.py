@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -184,16 +185,37 @@ def _load(
 _FORMATS = set(models_pb2.ArtifactFormat.values())
 
 
-def smoke_test(runner: Runner) -> None:
-    """One row of zeros through the model: a program that loads but cannot run
-    its own signature is refused now (ArtifactRejected), not on the first
-    client's request. Call it on the thread that will serve the model."""
+def _one_row(runner: Runner) -> dict[str, NDArray[Any]] | None:
+    """One row of zeros in the model's signature; None where an input is not numeric."""
     example = {
         sig.name: np.zeros([1 if d < 0 else d for d in sig.shape], NUMPY_TYPES[sig.datatype])
         for sig in runner.inputs
         if sig.datatype in NUMPY_TYPES
     }
-    if len(example) != len(runner.inputs):
+    return example if len(example) == len(runner.inputs) else None
+
+
+def call_seconds(runner: Runner, calls: int = 5) -> float | None:
+    """The median time of ``calls`` one-row calls (after one to warm up), or
+    None where the signature has an input that is not numeric."""
+    example = _one_row(runner)
+    if example is None:
+        return None
+    runner.run(example)
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        runner.run(example)
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
+def smoke_test(runner: Runner) -> None:
+    """One row of zeros through the model: a program that loads but cannot run
+    its own signature is refused now (ArtifactRejected), not on the first
+    client's request. Call it on the thread that will serve the model."""
+    example = _one_row(runner)
+    if example is None:
         return
     try:
         out = runner.run(example)

@@ -7,10 +7,11 @@ while the model computes waits for the next batch, so merging happens under
 load without delaying a lone caller. ``max_queue_delay`` lets the first
 request wait that long for company when the batch is not full yet. Each
 caller gets back its own rows. Inference runs on the version's own threads,
-never on the event loop: a batch goes to a free instance thread and its
+not on the event loop: a batch goes to a free instance thread and its
 results come back in one call on the loop, with no asyncio task or
 executor future per request. ``max_batch_size=1`` is the plain scheduler
-(no merging).
+(no merging); with ``inline`` it calls the model on the event loop instead,
+for a model whose call is shorter than a hand-over to a thread and back.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Batcher:
         max_queue_delay_s: float = 0.0,
         instances: int = 1,
         observe: Observe = lambda rows, waits: None,
+        inline: bool = False,
     ) -> None:
         self._run = run
         self._executor = executor
@@ -65,6 +67,7 @@ class Batcher:
         self._delay = max_queue_delay_s
         self._instances = instances
         self._observe = observe
+        self.inline = inline and max_batch_size == 1
         self._queue: deque[_Request] = deque()
         self._running = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -75,6 +78,9 @@ class Batcher:
 
     async def submit(self, inputs: Arrays, rows: int) -> dict[str, NDArray[Any]]:
         """The model's outputs for ``inputs`` (``rows`` rows on the batch dim)."""
+        if self.inline:
+            self._observe(rows, [0.0])
+            return self._run(inputs)
         loop = asyncio.get_running_loop()
         request = _Request(inputs, rows, loop.create_future())
         self._queue.append(request)

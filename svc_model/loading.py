@@ -51,19 +51,20 @@ class Loader:
             max_workers=settings.instances, thread_name_prefix=f"infer-{name}-{number}"
         )
 
-        def prepare() -> Runner:
+        def prepare() -> tuple[Runner, float | None]:
             runner = model_loading.load(
                 event, directory, settings.intra_op_threads, trace_exported=settings.trace_exported
             )
             model_loading.smoke_test(runner)
-            return runner
+            return runner, model_loading.call_seconds(runner)
 
         try:
-            runner = executor.submit(prepare).result()
+            runner, call_seconds = executor.submit(prepare).result()
         except BaseException:
             executor.shutdown(wait=False)
             raise
         merge = settings.batching and runner.batched
+        inline = _runs_inline(settings, merge, call_seconds)
         batch_rows = self._metrics.batch_rows.labels(name)
         queue_delay = self._metrics.queue_delay.labels(name)
 
@@ -79,6 +80,7 @@ class Loader:
             max_queue_delay_s=settings.max_queue_delay_us / 1e6,
             instances=settings.instances,
             observe=observe,
+            inline=inline,
         )
         log.info(
             "model.loaded",
@@ -87,6 +89,21 @@ class Loader:
             platform=runner.platform,
             runtime=runner.runtime or runner.platform,
             batching=merge,
+            inline=inline,
+            call_ms=None if call_seconds is None else round(call_seconds * 1000, 3),
             path=str(directory),
         )
         return Served(name=name, version=number, event=event, executor=Loaded(runner, batcher))
+
+
+def _runs_inline(settings: ModelSettings, merge: bool, call_seconds: float | None) -> bool:
+    """Whether a version's calls run on the event loop: unmerged, one
+    instance, one intra-op thread (a second thread's team would slow the
+    version's every call, see ``Loader.load``) and a short call."""
+    return (
+        not merge
+        and settings.instances == 1
+        and settings.intra_op_threads == 1
+        and call_seconds is not None
+        and call_seconds * 1000 <= settings.inline_max_ms
+    )

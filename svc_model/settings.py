@@ -37,8 +37,15 @@ class ModelSettings(GrpcServerSettings):
     max_queue_delay_us: int = Field(default=0, ge=0, le=10_000_000)
     # Concurrent executions of one model version (Triton's instance count).
     instances: int = Field(default=1, ge=1, le=64)
-    # Threads each framework uses inside one execution (0: the framework's default).
-    intra_op_threads: int = Field(default=0, ge=0, le=1024)
+    # Threads each framework uses inside one execution (0: the framework's
+    # default, one per core). One by default: a server's parallelism is its
+    # requests' (instances, batching), and an execution's team of threads
+    # spins on the cores the event loop and the clients need.
+    intra_op_threads: int = Field(default=1, ge=0, le=1024)
+    # An unbatched version with one single-threaded instance whose one-row
+    # call took at most this long at load runs on the event loop, as KServe
+    # runs a synchronous predict: no thread hand-over per request (0: never).
+    inline_max_ms: float = Field(default=1.0, ge=0.0, le=1000.0)
     # A torch.export program with a batch dimension runs as TorchScript traced
     # from it where that computes the same (shared.model_loading.traced_program).
     trace_exported: bool = True

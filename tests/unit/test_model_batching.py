@@ -178,3 +178,37 @@ def test_a_dropped_versions_queued_requests_fail_rather_than_wait() -> None:
     done, refused = run(scenario())
     np.testing.assert_array_equal(done["y"], [[2, 2, 2]])
     assert isinstance(refused, RuntimeError)
+
+
+def test_inline_calls_the_model_on_the_event_loop_and_raises_its_error() -> None:
+    ran_on: list[str] = []
+    observed: list[tuple[int, list[float]]] = []
+
+    def model(inputs: Any) -> dict[str, Any]:
+        ran_on.append(threading.current_thread().name)
+        if (inputs["x"] == 7).any():
+            raise ValueError("poisoned row")
+        return {"y": inputs["x"] * 2}
+
+    async def scenario() -> tuple[Any, Any]:
+        batcher = Batcher(
+            model,
+            ThreadPoolExecutor(1, thread_name_prefix="instance"),
+            max_batch_size=1,
+            inline=True,
+            observe=lambda rows, waits: observed.append((rows, waits)),
+        )
+        good = await batcher.submit(rows(1, 2), 2)
+        with pytest.raises(ValueError, match="poisoned"):
+            await batcher.submit(rows(7, 1), 1)
+        return good, threading.current_thread().name
+
+    good, loop_thread = run(scenario())
+    np.testing.assert_array_equal(good["y"], rows(2, 2)["x"])
+    assert ran_on == [loop_thread, loop_thread]
+    assert observed == [(2, [0.0]), (1, [0.0])]
+
+
+def test_a_merging_batcher_never_runs_inline() -> None:
+    model = Model()
+    assert not Batcher(model, ThreadPoolExecutor(1), max_batch_size=8, inline=True).inline

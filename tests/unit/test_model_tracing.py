@@ -148,8 +148,13 @@ def test_svc_models_loader_loads_traces_checks_and_serves_a_version_on_its_own_t
     monkeypatch.setattr(
         model_loading, "smoke_test", recorded("smoke_test", model_loading.smoke_test)
     )
-    settings = ModelSettings(batching=False, artifact_cache_dir=tmp_path / "cache")
+    # The framework's own thread count: a version that runs on its threads,
+    # not on the event loop.
+    settings = ModelSettings(
+        batching=False, intra_op_threads=0, artifact_cache_dir=tmp_path / "cache"
+    )
     served = Loader(settings, ModelMetrics.create(CollectorRegistry())).load(event)
+    assert not served.executor.batcher.inline
 
     async def infer() -> None:
         x = np.ones((1, 2, 3), np.float32)
@@ -157,3 +162,39 @@ def test_svc_models_loader_loads_traces_checks_and_serves_a_version_on_its_own_t
 
     asyncio.run(infer())
     assert ran_on["load"] == ran_on["smoke_test"] == ran_on["run"] == {"infer-m-1_0"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "inline"),
+    [
+        ({}, True),
+        ({"batching": True}, False),
+        ({"instances": 2}, False),
+        ({"intra_op_threads": 0}, False),
+        ({"inline_max_ms": 0.0}, False),
+    ],
+    ids=["unbatched-one-thread", "batching", "two-instances", "framework-threads", "inline-off"],
+)
+def test_a_short_unbatched_single_threaded_version_runs_on_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: dict[str, Any], inline: bool
+) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from shared import model_loading
+    from svc_model.loading import Loader
+    from svc_model.metrics import ModelMetrics
+    from svc_model.settings import ModelSettings
+
+    event = _artifact(tmp_path, Flattening())
+    monkeypatch.setattr(model_loading, "fetch", lambda event, cache: tmp_path)
+    settings = ModelSettings(
+        **{"batching": False, "artifact_cache_dir": tmp_path / "cache", **overrides}
+    )
+    served = Loader(settings, ModelMetrics.create(CollectorRegistry())).load(event)
+    batcher = served.executor.batcher
+    assert batcher.inline is inline
+
+    async def infer() -> Any:
+        return await batcher.submit({"x": np.ones((3, 2, 3), np.float32)}, 3)
+
+    assert asyncio.run(infer())["p"].shape == (3, 3)
