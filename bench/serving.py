@@ -27,14 +27,15 @@ and measured one at a time:
   process: the latency floor. At C=16 it still runs each call alone, so a
   server that batches may pass its throughput.
 
-Intra-op threads: ``--threads N`` gives every server and the floor N; by
-default (0) each runs as deployed: KServe and the floor with torch's own
-default (one per core), svc_model with its own (one per execution,
-``AISTACK_MODEL_INTRA_OP_THREADS``; as deployed, its unbatched version then
-runs on the event loop, ``AISTACK_MODEL_INLINE_MAX_MS``, as KServe's
-``predict`` does). Every server is checked first: its probabilities for a
-few images must match the in-process module's. Each server line gives the
-server process's CPU per request and cores over the counted window.
+Every server and the floor run torch with the same intra-op thread count,
+``--threads``: by default svc_model's own default
+(``AISTACK_MODEL_INTRA_OP_THREADS``, one per execution), given to KServe and
+the floor too; ``--threads 0`` gives them all torch's own default (one per
+core). With one thread svc_model's unbatched version runs on the event loop
+(``AISTACK_MODEL_INLINE_MAX_MS``), as KServe's ``predict`` does. Every server
+is checked first: its probabilities for a few images must match the
+in-process module's. Each server line gives the server process's CPU per
+request and cores over the counted window.
 
 The client is tritonclient's gRPC client, one request one image ([1, 8, 8]
 FP32), closed loop: each caller sends its next request when the last one
@@ -52,7 +53,7 @@ Clients and servers share the machine's cores, as they would a node; the
 client's cost is the same for every server. On a machine with few cores that
 also runs other work the figures move from run to run, KServe's at C=16 most:
 its ``predict`` blocks its event loop, and torch's thread team then competes
-with the clients for the cores (``--threads 1`` takes that out for both).
+with the clients for the cores (``--threads 0`` puts that back, for both).
 
 Prints a line per configuration (for svc_model also the mean rows per model
 execution over the run, off its own batch-size histogram), then, higher
@@ -374,7 +375,11 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before counting")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
-        "--threads", type=int, default=0, help="torch threads in every server (0: its default)"
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads in every server and the floor (default: svc_model's "
+        "AISTACK_MODEL_INTRA_OP_THREADS default; 0: torch's own, one per core)",
     )
     parser.add_argument(
         "--ratios",
@@ -390,6 +395,10 @@ def main() -> int:
     configs = configs_for(ratios)
     targets = {target for target, _ in configs}
     from shared.errors import AistackError
+    from svc_model.settings import ModelSettings
+
+    if args.threads is None:
+        args.threads = ModelSettings.model_fields["intra_op_threads"].default
 
     suffix = uuid.uuid4().hex[:8]
     topics = (f"bench-models-{suffix}", f"bench-dlq-{suffix}", f"bench-predictions-{suffix}")

@@ -211,6 +211,7 @@ def start_aistack(name: str, topics: tuple[str, str, str], state: Path, threads:
             "AISTACK_MODEL_DLQ_TOPIC": topics[1],
             "AISTACK_MODEL_METRICS_PORT": str(metrics_port),
             "AISTACK_MODEL_BATCHING": "true" if batching else "false",
+            "AISTACK_MODEL_INTRA_OP_THREADS": str(threads),
             "AISTACK_MODEL_PREDICTION_LOG_TOPIC": topics[2],
             "AISTACK_MODEL_PREDICTION_LOG_TENSOR_FRACTION": log_fraction,
             "AISTACK_MODEL_PREDICTION_LOG_ENTITY_FRACTION": log_fraction,
@@ -219,8 +220,6 @@ def start_aistack(name: str, topics: tuple[str, str, str], state: Path, threads:
         kafka=kafka_settings(),
         redis=redis_settings(),
     )
-    if threads:  # else svc_model's own default, as deployed
-        env["AISTACK_MODEL_INTRA_OP_THREADS"] = str(threads)
     server = _start(name, python_module("svc_model"), env, state, port)
     server.metrics_port = metrics_port
     return server

@@ -149,8 +149,7 @@ class Batcher:
 
     def _results(self, batch: list[_Request]) -> list[Outcome]:
         try:
-            outcomes: list[Outcome] = [*self._run_batch(batch)]
-            return outcomes
+            return [*self._run_batch(batch)]
         except Exception as exc:
             if len(batch) == 1:
                 return [exc]

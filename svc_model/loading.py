@@ -56,7 +56,10 @@ class Loader:
                 event, directory, settings.intra_op_threads, trace_exported=settings.trace_exported
             )
             model_loading.smoke_test(runner)
-            return runner, model_loading.call_seconds(runner)
+            # Timed only where the answer can matter: a slow model's calls
+            # are not repeated at every load for nothing.
+            may_inline = _may_run_inline(settings, settings.batching and runner.batched)
+            return runner, model_loading.call_seconds(runner) if may_inline else None
 
         try:
             runner, call_seconds = executor.submit(prepare).result()
@@ -64,7 +67,7 @@ class Loader:
             executor.shutdown(wait=False)
             raise
         merge = settings.batching and runner.batched
-        inline = _runs_inline(settings, merge, call_seconds)
+        inline = call_seconds is not None and call_seconds * 1000 <= settings.inline_max_ms
         batch_rows = self._metrics.batch_rows.labels(name)
         queue_delay = self._metrics.queue_delay.labels(name)
 
@@ -96,14 +99,13 @@ class Loader:
         return Served(name=name, version=number, event=event, executor=Loaded(runner, batcher))
 
 
-def _runs_inline(settings: ModelSettings, merge: bool, call_seconds: float | None) -> bool:
-    """Whether a version's calls run on the event loop: unmerged, one
-    instance, one intra-op thread (a second thread's team would slow the
-    version's every call, see ``Loader.load``) and a short call."""
+def _may_run_inline(settings: ModelSettings, merge: bool) -> bool:
+    """Whether a version's calls may run on the event loop, its call time
+    aside: unmerged, one instance and one intra-op thread (a second thread's
+    team would slow the version's every call, see ``Loader.load``)."""
     return (
         not merge
         and settings.instances == 1
         and settings.intra_op_threads == 1
-        and call_seconds is not None
-        and call_seconds * 1000 <= settings.inline_max_ms
+        and settings.inline_max_ms > 0
     )

@@ -114,12 +114,9 @@ def test_load_serves_the_trace_only_when_asked_and_it_holds(
     np.testing.assert_allclose(runner.run({"x": x})["p"], expected, rtol=1e-6, atol=1e-7)
 
 
-def test_svc_models_loader_loads_traces_checks_and_serves_a_version_on_its_own_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every thread that runs torch keeps a team of intra-op threads, and a
-    second team slows every call (GNU OpenMP stops spinning): svc_model runs
-    all of a version's torch work on the version's own thread."""
+def _served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: Any) -> Any:
+    """svc_model's Loader on the Flattening program, unbatched unless
+    ``settings`` say otherwise; the artifact is read where it was written."""
     from prometheus_client import CollectorRegistry
 
     from shared import model_loading
@@ -128,6 +125,21 @@ def test_svc_models_loader_loads_traces_checks_and_serves_a_version_on_its_own_t
     from svc_model.settings import ModelSettings
 
     event = _artifact(tmp_path, Flattening())
+    monkeypatch.setattr(model_loading, "fetch", lambda event, cache: tmp_path)
+    model = ModelSettings(
+        **{"batching": False, "artifact_cache_dir": tmp_path / "cache", **settings}
+    )
+    return Loader(model, ModelMetrics.create(CollectorRegistry())).load(event)
+
+
+def test_svc_models_loader_loads_traces_checks_and_serves_a_version_on_its_own_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every thread that runs torch keeps a team of intra-op threads, and a
+    second team slows every call (GNU OpenMP stops spinning): svc_model runs
+    all of a version's torch work on the version's own thread."""
+    from shared import model_loading
+
     ran_on: dict[str, set[str]] = {"load": set(), "smoke_test": set(), "run": set()}
 
     def recorded(name: str, real: Any) -> Any:
@@ -143,17 +155,13 @@ def test_svc_models_loader_loads_traces_checks_and_serves_a_version_on_its_own_t
         runner = recorded("load", real_load)(*args, **kwargs)
         return replace(runner, run=recorded("run", runner.run))
 
-    monkeypatch.setattr(model_loading, "fetch", lambda event, cache: tmp_path)
     monkeypatch.setattr(model_loading, "load", load)
     monkeypatch.setattr(
         model_loading, "smoke_test", recorded("smoke_test", model_loading.smoke_test)
     )
     # The framework's own thread count: a version that runs on its threads,
     # not on the event loop.
-    settings = ModelSettings(
-        batching=False, intra_op_threads=0, artifact_cache_dir=tmp_path / "cache"
-    )
-    served = Loader(settings, ModelMetrics.create(CollectorRegistry())).load(event)
+    served = _served(tmp_path, monkeypatch, intra_op_threads=0)
     assert not served.executor.batcher.inline
 
     async def infer() -> None:
@@ -178,20 +186,7 @@ def test_svc_models_loader_loads_traces_checks_and_serves_a_version_on_its_own_t
 def test_a_short_unbatched_single_threaded_version_runs_on_the_event_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: dict[str, Any], inline: bool
 ) -> None:
-    from prometheus_client import CollectorRegistry
-
-    from shared import model_loading
-    from svc_model.loading import Loader
-    from svc_model.metrics import ModelMetrics
-    from svc_model.settings import ModelSettings
-
-    event = _artifact(tmp_path, Flattening())
-    monkeypatch.setattr(model_loading, "fetch", lambda event, cache: tmp_path)
-    settings = ModelSettings(
-        **{"batching": False, "artifact_cache_dir": tmp_path / "cache", **overrides}
-    )
-    served = Loader(settings, ModelMetrics.create(CollectorRegistry())).load(event)
-    batcher = served.executor.batcher
+    batcher = _served(tmp_path, monkeypatch, **overrides).executor.batcher
     assert batcher.inline is inline
 
     async def infer() -> Any:
