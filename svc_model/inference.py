@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 
 import numpy as np
 from numpy.typing import NDArray
 
+from shared.bus.envelope import new_event_id
 from shared.contracts.aistack.v1 import models_pb2
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
 from shared.contracts.inference import grpc_predict_v2_pb2 as pb
@@ -259,7 +259,9 @@ class InferenceCore:
             entity_id, arrays = "", decode_inputs(request, runner.inputs)
         rows = batch_rows(arrays) if runner.batched else 1
         outputs = await loaded.batcher.submit(arrays, rows)
-        request_id = request.id or uuid.uuid4().hex
+        # 128 random bits as 32 hex digits, as the bus's event ids: unique,
+        # not secret, and no syscall per request (uuid4 reads os.urandom).
+        request_id = request.id or new_event_id()
         version = str(served.version)
         response = pb.ModelInferResponse(
             model_name=served.name, model_version=version, id=request_id
