@@ -146,6 +146,54 @@ def sum_series(text: str, series: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(wanted))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds process ``pid`` has used so far (Linux);
+    0 once it is gone."""
+    fields = _stat_fields(pid)
+    return (int(fields[11]) + int(fields[12])) / _TICKS if fields else 0.0
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds used so far by ``pid`` and every process below it: the
+    live ones' own, and those of the children each has reaped (a trainer's
+    recycled executors). A child that has exited but is not reaped yet is
+    missed until its parent waits for it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat_fields(int(entry.name))):
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        if fields := _stat_fields(current):
+            total += sum(int(f) for f in fields[11:15]) / _TICKS
+        stack.extend(children.get(current, ()))
+    return total
+
+
+def infra_pids() -> dict[str, int]:
+    """The broker's and Redis's pids where ``aistack infra up`` runs them
+    (none for servers it did not start)."""
+    from compose.local import LocalStack
+    from compose.settings import InfraSettings
+
+    stack = LocalStack(InfraSettings())
+    found = {"broker": stack.kafka.pid(), "Redis": stack.redis.pid()}
+    return {name: pid for name, pid in found.items() if pid is not None}
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str]:
+    # /proc/PID/stat after the command name (which may hold spaces): field
+    # 1 is the parent's pid, 11-14 utime, stime, cutime, cstime in ticks.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
 def _put_result(queue: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     queue.put(fn(*args))
 

@@ -105,7 +105,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import profiling
-from bench.harness import print_ratio, round_order
+from bench.harness import cpu_seconds, print_ratio, round_order
 from bench.serving_callers import Worker, client_main, floor_main
 from bench.serving_servers import (
     AISTACK_BATCHED,
@@ -270,12 +270,6 @@ class Bench:
             runs = after[1] - before[1]
             mean = (after[0] - before[0]) / runs if runs else 0.0
         return summarise(parts, self.duration, mean, cpu)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds process ``pid`` has used so far (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _split(total: int, processes: int) -> list[int]:

@@ -22,6 +22,11 @@ its end:
    the first trial loads the data;
 4. aistack with 2 trainers: the same with 4 trials in flight.
 
+After each aistack way, the CPU seconds each part used over the study: the
+trials' executors, the trainer services, the tuner, and the broker and
+Redis where ``aistack infra up`` runs them; what the cores held besides
+training is where a second trainer's speed-up goes short of 2.
+
 Prints, higher always better:
 
     bus_vs_ray_tune: ratio R (goal 1.0)            Ray Tune's wall time / aistack's, 1 at a time
@@ -39,10 +44,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +59,13 @@ with contextlib.suppress(ImportError):
 import optuna
 
 from bench import profiling
-from bench.harness import print_ratio, ray_tune_one_at_a_time
+from bench.harness import (
+    cpu_seconds,
+    infra_pids,
+    print_ratio,
+    ray_tune_one_at_a_time,
+    tree_cpu_seconds,
+)
 from bench.services import Trainers, TunerUnderTest, run_study
 
 GOAL_RAY = 1.0
@@ -108,6 +120,7 @@ class Outcome:
     best: float
     trials: int
     note: str = ""
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds by part, over the study
 
 
 # ---- one trial, the same function for the in-process and Ray ways -----------------------
@@ -222,11 +235,29 @@ def on_the_bus(trainers: int, trials: int, state: Path) -> Outcome:
             epochs=EPOCHS,
             seed=SEED,
         )
+        before = cpu_by_part(tuner, replicas)
         wall, best = asyncio.run(run_study(tuner, spec))
-        return Outcome(wall, best, trials, f"{parallel} in flight")
+        after = cpu_by_part(tuner, replicas)
+        used = {part: after[part] - before[part] for part in after}
+        return Outcome(wall, best, trials, f"{parallel} in flight", used)
     finally:
         replicas.stop()
         tuner.stop()
+
+
+def cpu_by_part(tuner: TunerUnderTest, replicas: Trainers) -> dict[str, float]:
+    """CPU seconds used so far by the trials' executors (the processes below
+    the trainers) and by the platform's own processes: where two trainers'
+    cores go besides training."""
+    services = sum(cpu_seconds(p.pid) for p in replicas.processes)
+    trees = sum(tree_cpu_seconds(p.pid) for p in replicas.processes)
+    parts = {
+        "trial executors": trees - services,
+        "trainer services": services,
+        "tuner": tree_cpu_seconds(tuner.process.pid),
+    }
+    parts.update({name: cpu_seconds(pid) for name, pid in infra_pids().items()})
+    return parts
 
 
 def main() -> int:
@@ -242,6 +273,14 @@ def main() -> int:
             f"{outcome.wall / outcome.trials:.2f} s/trial; best val_error {outcome.best:.4f}{note}",
             flush=True,
         )
+        if outcome.cpu:
+            cores = os.cpu_count() or 1
+            parts = ", ".join(f"{part} {seconds:.1f} s" for part, seconds in outcome.cpu.items())
+            print(
+                f"  CPU over the study: {parts}; {cores} cores give "
+                f"{cores * outcome.wall:.1f} s in {outcome.wall:.1f} s",
+                flush=True,
+            )
         return outcome
 
     with tempfile.TemporaryDirectory(prefix="aistack-bench-") as tmp:
