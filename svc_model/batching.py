@@ -12,6 +12,9 @@ results come back in one call on the loop, with no asyncio task or
 executor future per request. ``max_batch_size=1`` is the plain scheduler
 (no merging); with ``inline`` it calls the model on the event loop instead,
 for a model whose call is shorter than a hand-over to a thread and back.
+A merging batcher with ``lone_inline`` does the same for a request its
+caller says is ``alone`` (the only one in the server, none other lately:
+nothing to merge it with), while nothing is queued or running.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class Batcher:
         instances: int = 1,
         observe: Observe = lambda rows, waits: None,
         inline: bool = False,
+        lone_inline: bool = False,
     ) -> None:
         self._run = run
         self._executor = executor
@@ -68,6 +72,7 @@ class Batcher:
         self._instances = instances
         self._observe = observe
         self.inline = inline and max_batch_size == 1
+        self.lone_inline = lone_inline and max_batch_size > 1
         self._queue: deque[_Request] = deque()
         self._running = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -76,9 +81,11 @@ class Batcher:
     def merging(self) -> bool:
         return self.max_batch_size > 1
 
-    async def submit(self, inputs: Arrays, rows: int) -> dict[str, NDArray[Any]]:
+    async def submit(
+        self, inputs: Arrays, rows: int, *, alone: bool = False
+    ) -> dict[str, NDArray[Any]]:
         """The model's outputs for ``inputs`` (``rows`` rows on the batch dim)."""
-        if self.inline:
+        if self.inline or (alone and self.lone_inline and not self._queue and not self._running):
             self._observe(rows, [0.0])
             return self._run(inputs)
         loop = asyncio.get_running_loop()

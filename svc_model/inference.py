@@ -39,6 +39,11 @@ SERVER_NAME = "aistack"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ("model_repository", "binary_tensor_data", "parameters", "entity_features")
 UNKNOWN_MODEL_LABEL = "_unknown"
+#: A second request in flight marks the server busy for this long: a lone
+#: request then goes through its version's batcher (what arrives while the
+#: model runs merges with it), not onto the event loop (``Batcher``'s
+#: ``lone_inline``). Under load some request is nearly always in flight.
+BUSY_S = 1.0
 #: The response parameter that carries the request id (the client's, or the
 #: one the server assigned): the id the prediction log knows the request by.
 REQUEST_ID_PARAMETER = "request_id"
@@ -64,6 +69,7 @@ class InferenceCore:
         self._features = features
         self._prediction_log = prediction_log
         self._in_flight = 0
+        self._busy_until = 0.0
         self.replayed = asyncio.Event()
         self.on_rejected: Rejected = lambda event, error: None
 
@@ -218,6 +224,8 @@ class InferenceCore:
                 f"{self.settings.max_concurrent_requests}: retry later"
             )
         self._in_flight += 1
+        if self._in_flight > 1:
+            self._busy_until = time.monotonic() + BUSY_S
         self._metrics.in_flight.inc()
         started = time.perf_counter()
         code = "OK"
@@ -258,7 +266,9 @@ class InferenceCore:
         else:
             entity_id, arrays = "", decode_inputs(request, runner.inputs)
         rows = batch_rows(arrays) if runner.batched else 1
-        outputs = await loaded.batcher.submit(arrays, rows)
+        batcher = loaded.batcher
+        alone = batcher.lone_inline and await self._alone()
+        outputs = await batcher.submit(arrays, rows, alone=alone)
         # 128 random bits as 32 hex digits, as the bus's event ids: unique,
         # not secret, and no syscall per request (uuid4 reads os.urandom).
         request_id = request.id or new_event_id()
@@ -293,6 +303,15 @@ class InferenceCore:
                 )
             )
         return response
+
+    async def _alone(self) -> bool:
+        """Whether this request is the only one in the server, and none other
+        was within ``BUSY_S``. It yields once first, so that requests that
+        arrived with it start, and count."""
+        if self._in_flight > 1 or time.monotonic() < self._busy_until:
+            return False
+        await asyncio.sleep(0)
+        return self._in_flight == 1 and time.monotonic() >= self._busy_until
 
     async def _entity_inputs(
         self, request: pb.ModelInferRequest, served: Served

@@ -58,8 +58,8 @@ class Loader:
             model_loading.smoke_test(runner)
             # Timed only where the answer can matter: a slow model's calls
             # are not repeated at every load for nothing.
-            may_inline = _may_run_inline(settings, settings.batching and runner.batched)
-            return runner, model_loading.call_seconds(runner) if may_inline else None
+            on_loop = _may_run_on_loop(settings, settings.batching and runner.batched)
+            return runner, model_loading.call_seconds(runner) if on_loop else None
 
         try:
             runner, call_seconds = executor.submit(prepare).result()
@@ -67,7 +67,8 @@ class Loader:
             executor.shutdown(wait=False)
             raise
         merge = settings.batching and runner.batched
-        inline = call_seconds is not None and call_seconds * 1000 <= settings.inline_max_ms
+        short = call_seconds is not None and call_seconds * 1000 <= settings.inline_max_ms
+        inline = short and not merge
         batch_rows = self._metrics.batch_rows.labels(name)
         queue_delay = self._metrics.queue_delay.labels(name)
 
@@ -84,6 +85,7 @@ class Loader:
             instances=settings.instances,
             observe=observe,
             inline=inline,
+            lone_inline=short and merge,
         )
         log.info(
             "model.loaded",
@@ -93,19 +95,20 @@ class Loader:
             runtime=runner.runtime or runner.platform,
             batching=merge,
             inline=inline,
+            lone_inline=batcher.lone_inline,
             call_ms=None if call_seconds is None else round(call_seconds * 1000, 3),
             path=str(directory),
         )
         return Served(name=name, version=number, event=event, executor=Loaded(runner, batcher))
 
 
-def _may_run_inline(settings: ModelSettings, merge: bool) -> bool:
-    """Whether a version's calls may run on the event loop, its call time
-    aside: unmerged, one instance and one intra-op thread (a second thread's
-    team would slow the version's every call, see ``Loader.load``)."""
+def _may_run_on_loop(settings: ModelSettings, merge: bool) -> bool:
+    """Whether some of a version's calls may run on the event loop, its call
+    time aside: one intra-op thread (a second thread's team would slow the
+    version's every call, see ``Loader.load``), and either merged (a request
+    alone in the server) or unmerged on one instance (every request)."""
     return (
-        not merge
-        and settings.instances == 1
-        and settings.intra_op_threads == 1
+        settings.intra_op_threads == 1
         and settings.inline_max_ms > 0
+        and (merge or settings.instances == 1)
     )

@@ -42,9 +42,10 @@ class ModelSettings(GrpcServerSettings):
     # requests' (instances, batching), and an execution's team of threads
     # spins on the cores the event loop and the clients need.
     intra_op_threads: int = Field(default=1, ge=0, le=1024)
-    # An unbatched version with one single-threaded instance whose one-row
-    # call took at most this long at load runs on the event loop, as KServe
-    # runs a synchronous predict: no thread hand-over per request (0: never).
+    # A single-threaded version whose one-row call took at most this long at
+    # load runs requests on the event loop, as KServe runs a synchronous
+    # predict (no thread hand-over): unbatched on one instance, every request;
+    # batched, a request alone in the server (svc_model.inference). 0: never.
     inline_max_ms: float = Field(default=1.0, ge=0.0, le=1000.0)
     # A torch.export program with a batch dimension runs as TorchScript traced
     # from it where that computes the same (shared.model_loading.traced_program).

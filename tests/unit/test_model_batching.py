@@ -212,3 +212,43 @@ def test_inline_calls_the_model_on_the_event_loop_and_raises_its_error() -> None
 def test_a_merging_batcher_never_runs_inline() -> None:
     model = Model()
     assert not Batcher(model, ThreadPoolExecutor(1), max_batch_size=8, inline=True).inline
+
+
+def test_a_lone_request_runs_on_the_loop_only_while_nothing_is_queued_or_running() -> None:
+    ran_on: list[str] = []
+    gate = threading.Event()
+
+    def model(inputs: Any) -> dict[str, Any]:
+        ran_on.append(threading.current_thread().name)
+        gate.wait(10)
+        return {"y": inputs["x"] * 2}
+
+    async def scenario() -> str:
+        batcher = Batcher(
+            model,
+            ThreadPoolExecutor(1, thread_name_prefix="instance"),
+            max_batch_size=8,
+            lone_inline=True,
+        )
+        gate.set()
+        await batcher.submit(rows(1, 1), 1, alone=True)  # on the loop
+        await batcher.submit(rows(1, 1), 1)  # not alone: to the instance
+        gate.clear()
+        running = asyncio.ensure_future(batcher.submit(rows(1, 1), 1))
+        await asyncio.sleep(0.05)  # held at the gate on the instance
+        behind = asyncio.ensure_future(batcher.submit(rows(2, 1), 1, alone=True))
+        await asyncio.sleep(0.05)
+        gate.set()
+        np.testing.assert_array_equal((await behind)["y"], rows(4, 1)["x"])
+        await running
+        return threading.current_thread().name
+
+    loop_thread = run(scenario())
+    assert ran_on[0] == loop_thread
+    assert ran_on[1:] == ["instance_0"] * 3
+
+
+def test_only_a_merging_batcher_runs_lone_requests_on_the_loop() -> None:
+    model = Model()
+    assert not Batcher(model, ThreadPoolExecutor(1), max_batch_size=1, lone_inline=True).lone_inline
+    assert Batcher(model, ThreadPoolExecutor(1), max_batch_size=8, lone_inline=True).lone_inline

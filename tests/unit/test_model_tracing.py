@@ -173,23 +173,41 @@ def test_svc_models_loader_loads_traces_checks_and_serves_a_version_on_its_own_t
 
 
 @pytest.mark.parametrize(
-    ("overrides", "inline"),
+    ("overrides", "inline", "lone_inline"),
     [
-        ({}, True),
-        ({"batching": True}, False),
-        ({"instances": 2}, False),
-        ({"intra_op_threads": 0}, False),
-        ({"inline_max_ms": 0.0}, False),
+        ({}, True, False),
+        ({"batching": True}, False, True),
+        ({"batching": True, "instances": 2}, False, True),
+        ({"instances": 2}, False, False),
+        ({"intra_op_threads": 0}, False, False),
+        ({"batching": True, "intra_op_threads": 0}, False, False),
+        ({"inline_max_ms": 0.0}, False, False),
+        ({"batching": True, "inline_max_ms": 0.0}, False, False),
     ],
-    ids=["unbatched-one-thread", "batching", "two-instances", "framework-threads", "inline-off"],
+    ids=[
+        "unbatched-one-thread",
+        "batching",
+        "batching-two-instances",
+        "two-instances",
+        "framework-threads",
+        "batching-framework-threads",
+        "inline-off",
+        "batching-inline-off",
+    ],
 )
-def test_a_short_unbatched_single_threaded_version_runs_on_the_event_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: dict[str, Any], inline: bool
+def test_a_short_single_threaded_version_runs_on_the_event_loop(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    overrides: dict[str, Any],
+    inline: bool,
+    lone_inline: bool,
 ) -> None:
+    """Unbatched on one instance: every request; batched: a request alone in
+    the server (svc_model.inference decides which)."""
     batcher = _served(tmp_path, monkeypatch, **overrides).executor.batcher
-    assert batcher.inline is inline
+    assert (batcher.inline, batcher.lone_inline) == (inline, lone_inline)
 
     async def infer() -> Any:
-        return await batcher.submit({"x": np.ones((3, 2, 3), np.float32)}, 3)
+        return await batcher.submit({"x": np.ones((3, 2, 3), np.float32)}, 3, alone=True)
 
     assert asyncio.run(infer())["p"].shape == (3, 3)
