@@ -32,7 +32,9 @@ Every server and the floor run torch with the same intra-op thread count,
 (``AISTACK_MODEL_INTRA_OP_THREADS``, one per execution), given to KServe and
 the floor too; ``--threads 0`` gives them all torch's own default (one per
 core). With one thread svc_model's unbatched version runs on the event loop
-(``AISTACK_MODEL_INLINE_MAX_MS``), as KServe's ``predict`` does. Every server
+(``AISTACK_MODEL_INLINE_MAX_MS``), as KServe's ``predict`` does, and its
+batched version runs there a request alone in the server (at C=1, every
+request; at C=16, none once requests overlap). Every server
 is checked first: its probabilities for a few images must match the
 in-process module's. Each server line gives the server process's CPU per
 request and cores over the counted window.
