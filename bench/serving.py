@@ -48,8 +48,8 @@ its 16 callers as 16 threads of one process). Each measurement warms up for
 ``--warmup`` s, then counts for ``--duration`` s: throughput is the requests
 completed in the window over its length, p50 and p99 are of their latencies;
 a failed call counts for neither and is reported on its configuration's line.
-Every configuration runs ``--rounds`` times, the order reversed each round;
-the run with the higher throughput counts, its latencies with it.
+Every configuration runs ``--rounds`` times (3), the order reversed each
+round; the run with the median throughput counts, its latencies with it.
 
 Clients and servers share the machine's cores, as they would a node; the
 client's cost is the same for every server. On a machine with few cores that
@@ -282,14 +282,20 @@ def _split(total: int, processes: int) -> list[int]:
     )
 
 
-def best_of(bench: Bench, rounds: int, configs: list[Config]) -> dict[Config, Result]:
-    best: dict[Config, Result] = {}
+def median_of(bench: Bench, rounds: int, configs: list[Config]) -> dict[Config, Result]:
+    """Each configuration's median round (``median_run``), in ``configs``' order."""
+    runs: dict[Config, list[Result]] = {config: [] for config in configs}
     for round_number in range(rounds):
         for config in round_order(configs, round_number):
-            result = bench.measure(*config)
-            if config not in best or result.throughput > best[config].throughput:
-                best[config] = result
-    return best
+            runs[config].append(bench.measure(*config))
+    return {config: median_run(results) for config, results in runs.items()}
+
+
+def median_run(results: list[Result]) -> Result:
+    """The run of median throughput (the lower middle one of an even count),
+    its latencies with it: one measured run, not a blend of several."""
+    ranked = sorted(results, key=lambda result: result.throughput)
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def line(target: str, concurrency: int, result: Result) -> str:
@@ -308,48 +314,48 @@ def line(target: str, concurrency: int, result: Result) -> str:
     return text
 
 
-def report(best: dict[Config, Result], ratios: list[str], log: tuple[float, float]) -> None:
+def report(counted: dict[Config, Result], ratios: list[str], log: tuple[float, float]) -> None:
     """A line per configuration measured, then the ``ratios`` lines."""
-    for config in best:
-        print(line(*config, best[config]))
+    for config in counted:
+        print(line(*config, counted[config]))
     if "p50_overhead_c1" in ratios:
-        overhead = best[(AISTACK_BATCHED, 1)].p50_ms - best[(IN_PROCESS, 1)].p50_ms
+        overhead = counted[(AISTACK_BATCHED, 1)].p50_ms - counted[(IN_PROCESS, 1)].p50_ms
         print(f"p50 overhead over in-process at c1: {overhead:.2f} ms")
     if "prediction_log_cost" in ratios:
         logged, dropped = log
         print(f"prediction log ({AISTACK_BATCHED}): {logged:,.0f} logged, {dropped:,.0f} dropped")
     for name in ratios:
-        print_figure(name, best)
+        print_figure(name, counted)
 
 
-def print_figure(name: str, best: dict[Config, Result]) -> None:
-    batched = best[(AISTACK_BATCHED, 16)] if (AISTACK_BATCHED, 16) in best else None
+def print_figure(name: str, counted: dict[Config, Result]) -> None:
+    batched = counted[(AISTACK_BATCHED, 16)] if (AISTACK_BATCHED, 16) in counted else None
     if name == "aistack_vs_kserve_c16":
         assert batched is not None
-        print_ratio(name, batched.throughput / best[(KSERVE, 16)].throughput, GOAL_VS_KSERVE)
+        print_ratio(name, batched.throughput / counted[(KSERVE, 16)].throughput, GOAL_VS_KSERVE)
     elif name in (
         "unbatched_vs_kserve_c16",
         "unbatched_logged_vs_kserve_c16",
         "unbatched_untraced_vs_kserve_c16",
     ):
-        unbatched = best[RATIOS[name][0]]
-        kserve = best[(KSERVE, 16)].throughput
+        unbatched = counted[RATIOS[name][0]]
+        kserve = counted[(KSERVE, 16)].throughput
         print_ratio(name, unbatched.throughput / kserve, GOAL_UNBATCHED_VS_KSERVE)
     elif name == "p50_overhead_c1":
-        overhead = best[(AISTACK_BATCHED, 1)].p50_ms - best[(IN_PROCESS, 1)].p50_ms
+        overhead = counted[(AISTACK_BATCHED, 1)].p50_ms - counted[(IN_PROCESS, 1)].p50_ms
         print_ratio(name, OVERHEAD_BUDGET_MS / max(overhead, OVERHEAD_FLOOR_MS), GOAL_P50_OVERHEAD)
     elif name == "batched_vs_unbatched_c16":
         # Batching on against off: both are svc_model.
         assert batched is not None
-        unbatched = best[(AISTACK_UNBATCHED, 16)]
+        unbatched = counted[(AISTACK_UNBATCHED, 16)]
         print_ratio(name, batched.throughput / unbatched.throughput, GOAL_BATCHED, itself=True)
     elif name == "batched_p99_vs_unbatched_c16":
         assert batched is not None
-        unbatched = best[(AISTACK_UNBATCHED, 16)]
+        unbatched = counted[(AISTACK_UNBATCHED, 16)]
         print_ratio(name, unbatched.p99_ms / batched.p99_ms, GOAL_BATCHED_P99, itself=True)
     elif name == "prediction_log_cost":
         assert batched is not None
-        off = best[(AISTACK_LOG_OFF, 16)]
+        off = counted[(AISTACK_LOG_OFF, 16)]
         print_ratio(name, batched.throughput / off.throughput, GOAL_PREDICTION_LOG, itself=True)
 
 
@@ -369,7 +375,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=4.0, help="seconds counted per run")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds before counting")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--threads",
         type=int,
@@ -432,9 +438,9 @@ def main() -> int:
             print(
                 f"digits CNN (default hyperparameters), {os.cpu_count()} cores, torch threads "
                 f"{args.threads or 'default'}, {args.rounds} rounds of {args.warmup:g} s "
-                f"warm-up + {args.duration:g} s, best round:"
+                f"warm-up + {args.duration:g} s, median round:"
             )
-            best = best_of(bench, args.rounds, configs)
+            counted = median_of(bench, args.rounds, configs)
             log = servers[AISTACK_BATCHED].logged() if AISTACK_BATCHED in servers else (0.0, 0.0)
         except (RuntimeError, AistackError) as exc:  # AistackError: no broker, mostly
             print(f"serving: {exc}", file=sys.stderr)
@@ -443,7 +449,7 @@ def main() -> int:
             return 1
         finally:
             stop_all([*workers, *servers.values()])
-    report(best, ratios, log)
+    report(counted, ratios, log)
     return 0
 
 

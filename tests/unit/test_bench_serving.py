@@ -96,3 +96,32 @@ def test_batched_vs_unbatched_is_labelled_as_against_itself(
     best = {(AISTACK_BATCHED, 16): result(1500.0), (AISTACK_UNBATCHED, 16): result(750.0)}
     serving.print_figure("batched_vs_unbatched_c16", best)
     assert capsys.readouterr().out == f"batched_vs_unbatched_c16: ratio 2.00 (goal 2.0) {ITSELF}\n"
+
+
+def test_a_configuration_counts_its_median_round_whole() -> None:
+    runs = [
+        serving.Result(throughput=900.0, p50_ms=3.0, p99_ms=30.0),
+        serving.Result(throughput=1_100.0, p50_ms=1.0, p99_ms=10.0),
+        serving.Result(throughput=1_000.0, p50_ms=2.0, p99_ms=20.0),
+    ]
+    assert serving.median_run(runs) is runs[2]  # its own latencies, not the best's
+    assert serving.median_run(runs[:2]) is runs[0]  # an even count: the lower middle
+
+
+def test_every_round_measures_every_configuration_and_the_median_counts() -> None:
+    configs = [(AISTACK_BATCHED, 16), (KSERVE, 16)]
+    throughputs = {
+        AISTACK_BATCHED: iter([2_000.0, 1_800.0, 1_900.0]),
+        KSERVE: iter([1_000.0, 1_200.0, 1_100.0]),
+    }
+    measured: list[tuple[str, int]] = []
+
+    class Measured:
+        def measure(self, target: str, concurrency: int) -> serving.Result:
+            measured.append((target, concurrency))
+            return result(next(throughputs[target]))
+
+    counted = serving.median_of(Measured(), 3, configs)  # type: ignore[arg-type]
+    assert sorted(measured) == sorted(configs * 3)
+    assert list(counted) == configs
+    assert (counted[configs[0]].throughput, counted[configs[1]].throughput) == (1_900.0, 1_100.0)
