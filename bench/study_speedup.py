@@ -24,8 +24,8 @@ its end:
 
 After each aistack way, the CPU seconds each part used over the study: the
 trials' executors, the trainer services, the tuner, and the broker and
-Redis where ``aistack infra up`` runs them; what the cores held besides
-training is where a second trainer's speed-up goes short of 2.
+Redis where ``aistack infra up`` runs them, beside what the cores could
+give in that time (what none of them used, the cores stood idle).
 
 Prints, higher always better:
 
