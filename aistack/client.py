@@ -154,12 +154,12 @@ class Client:
     # ---- models ----
 
     def model(self, name: str, version: str = "") -> models_pb2.ModelReady:
-        """A version's registry entry (the champion for "")."""
+        """A version's registry entry (for "", the one the model server serves)."""
         from shared import model_registry
 
         lineage = self.settings.lineage
         registry = model_registry.read(lineage.kafka, lineage.models_topic, lineage.timeout_seconds)
-        return registry.version(name, version)
+        return registry.version(name, version, lineage.serving.policy)
 
     def fetch_model(self, name: str, version: str = "", *, into: str | Path) -> Path:
         """A verified copy of a version's artifact in ``into``; its directory."""

@@ -29,6 +29,7 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from aistack.settings import LineageSettings
+from shared import model_registry
 from shared.bus.consumer import read_to_end
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, models_pb2, predictions_pb2
 from shared.errors import AistackError, InvalidArgument, NotFound
@@ -151,15 +152,10 @@ class _Walk:
         return found
 
     def find_model(self, name: str, version: str) -> models_pb2.ModelReady:
-        found: models_pb2.ModelReady | None = None
-        for event in self._records(self._settings.models_topic, models_pb2.ModelReady):
-            if event.model_name == name and event.version == version:
-                found = event
-        if found is None:
-            raise NotFound(
-                f"no version {version} of model {name!r} on {self._settings.models_topic}"
-            )
-        return found
+        s = self._settings
+        return model_registry.read(s.kafka, s.models_topic, s.timeout_seconds).version(
+            name, version
+        )
 
     def _records(self, topic: str, cls: type[Any]) -> Iterator[Any]:
         for record in read_to_end(self._settings.kafka, topic, cls, self._settings.timeout_seconds):

@@ -112,11 +112,11 @@ def register(settings: ClientSettings, registration: Registration) -> models_pb2
 
 
 def fetch(settings: ClientSettings, name: str, version: str, into: Path) -> Path:
-    """A verified copy of a version's artifact (the champion for "") in
-    ``into``; its directory. Raises NotFound, ArtifactRejected."""
+    """A verified copy of a version's artifact (for "", the one the model
+    server serves) in ``into``; its directory. Raises NotFound, ArtifactRejected."""
     lineage = settings.lineage
     registry = model_registry.read(lineage.kafka, lineage.models_topic, lineage.timeout_seconds)
-    return fetch_artifact(registry.version(name, version), into)
+    return fetch_artifact(registry.version(name, version, lineage.serving.policy), into)
 
 
 def _file_name(source: Path, fmt: int) -> str:

@@ -15,7 +15,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.bus.topics import MODELS_READY, PREDICTIONS
-from shared.settings import ServiceSettings
+from shared.settings import ServiceSettings, ServingSettings
 
 
 class TunerClientSettings(BaseSettings):
@@ -70,6 +70,9 @@ class LineageSettings(ServiceSettings):
     predictions_topic: str = PREDICTIONS
     # The model registry (svc_trainer's AISTACK_TRAINER_MODELS_TOPIC).
     models_topic: str = MODELS_READY
+    # Which version serves (AISTACK_MODEL_POLICY): the one a model named
+    # without a version means.
+    serving: ServingSettings = Field(default_factory=ServingSettings)
     # How long reading one topic to its end may take.
     timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     # How many raw records each branch prints.

@@ -265,7 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     score = commands.add_parser(
         "score", help="score a Parquet file with a model's version in a Spark job"
     )
-    score.add_argument("model", metavar="MODEL[@VERSION]", help="default version: the champion")
+    score.add_argument(
+        "model",
+        metavar="MODEL[@VERSION]",
+        help="default version: the one served (AISTACK_MODEL_POLICY)",
+    )
     score.add_argument("--input", required=True, help="Parquet file or directory to score")
     score.add_argument("--output", required=True, help="a new directory for the predictions")
     score.add_argument(

@@ -25,7 +25,11 @@ def add_parser(commands: Any) -> None:
     listing = actions.add_parser("list", help="a model's versions (every model's without a name)")
     listing.add_argument("name", nargs="?")
     fetch = actions.add_parser("fetch", help="a version's artifact, its sha256 checked")
-    fetch.add_argument("model", metavar="MODEL[@VERSION]", help="default version: the champion")
+    fetch.add_argument(
+        "model",
+        metavar="MODEL[@VERSION]",
+        help="default version: the one served (AISTACK_MODEL_POLICY)",
+    )
     fetch.add_argument("--into", required=True, help="a directory for the copy")
     register = actions.add_parser(
         "register",
@@ -123,14 +127,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _list(settings: ClientSettings, name: str | None) -> int:
     from shared import model_registry
-    from shared.objective import champion
 
     lineage = settings.lineage
     registry = model_registry.read(lineage.kafka, lineage.models_topic, lineage.timeout_seconds)
-    names = [name] if name else sorted(registry.models)
+    names = [name] if name else registry.names()
     for model in names:
         versions = registry.versions(model)
-        best = champion(versions)
+        best = registry.serving(model, lineage.serving.policy)
         for event in versions:
             mark = "*" if best is not None and event.version == best.version else " "
             metric = event.objective.metric

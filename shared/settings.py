@@ -227,6 +227,23 @@ def _jaas_quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
+#: Which version of a model serves: "champion", a new version only when its
+#: objective beats the serving one's (``shared.objective.champion``);
+#: "latest", the newest version always (``shared.model_registry.serving``).
+ServingPolicy = Literal["champion", "latest"]
+
+
+class ServingSettings(BaseSettings):
+    """Which version of each model serves: one setting for the model server
+    and every reader that must agree with it (the drift monitor watches the
+    version served; batch scoring and the client take it for a model named
+    without a version)."""
+
+    model_config = SettingsConfigDict(env_prefix="AISTACK_MODEL_", frozen=True, extra="ignore")
+
+    policy: ServingPolicy = "champion"
+
+
 class RedisSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AISTACK_REDIS_", frozen=True, extra="ignore")
 

@@ -15,6 +15,7 @@ from concurrent.futures import Executor
 import numpy as np
 from numpy.typing import NDArray
 
+from shared import model_registry
 from shared.bus.envelope import new_event_id
 from shared.contracts.aistack.v1 import models_pb2
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
@@ -62,7 +63,7 @@ class InferenceCore:
         prediction_log: PredictionLog | None = None,
     ) -> None:
         self.settings = settings
-        self.repository = Repository(settings.policy, settings.keep_versions)
+        self.repository = Repository(settings.serving.policy, settings.keep_versions)
         self._loader = loader
         self._loading = loading_executor
         self._metrics = metrics
@@ -121,13 +122,9 @@ class InferenceCore:
         await self._load(event)
 
     def _acceptable(self, event: models_pb2.ModelReady) -> bool:
-        try:
-            version_number(event.version)
-            if not event.model_name:
-                raise InvalidArgument("the event names no model")
-        except InvalidArgument as exc:
-            error = ArtifactRejected(str(exc), reason="bad_event")
-            self._reject(event, error)
+        reason = model_registry.invalid(event)
+        if reason:
+            self._reject(event, ArtifactRejected(reason, reason="bad_event"))
             return False
         return True
 

@@ -14,8 +14,9 @@ from typing import Any
 
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import NotFound
-from shared.objective import champion, supersedes, version_number
-from svc_model.settings import Policy
+from shared.model_registry import serving
+from shared.objective import version_number
+from shared.settings import ServingPolicy
 
 READY = "READY"
 UNAVAILABLE = "UNAVAILABLE"
@@ -56,25 +57,7 @@ class _Model:
     unloaded: bool = False
 
 
-def better(new: models_pb2.ModelReady, current: models_pb2.ModelReady, policy: Policy) -> bool:
-    """Whether ``new`` should replace ``current`` as the serving version."""
-    if policy == "latest":
-        return version_number(new.version) > version_number(current.version)
-    return supersedes(new, current)
-
-
-def serving(
-    events: Iterable[models_pb2.ModelReady], policy: Policy
-) -> models_pb2.ModelReady | None:
-    """The version the policy serves of these (None for none): the newest,
-    or the champion by shared.objective's rule over all of them (a re-tune's
-    version judged against a version that arrives after it is judged again)."""
-    if policy == "latest":
-        return max(events, key=lambda e: version_number(e.version), default=None)
-    return champion(events)
-
-
-def wanted(events: Iterable[models_pb2.ModelReady], policy: Policy, keep: int) -> list[int]:
+def wanted(events: Iterable[models_pb2.ModelReady], policy: ServingPolicy, keep: int) -> list[int]:
     """Which versions of one model to load, from all its events: the champion
     the rule picks over them, and the ``keep`` newest."""
     ordered = sorted(events, key=lambda e: version_number(e.version))
@@ -86,7 +69,7 @@ def wanted(events: Iterable[models_pb2.ModelReady], policy: Policy, keep: int) -
 
 
 class Repository:
-    def __init__(self, policy: Policy, keep_versions: int) -> None:
+    def __init__(self, policy: ServingPolicy, keep_versions: int) -> None:
         self.policy = policy
         self.keep = keep_versions
         self._models: dict[str, _Model] = {}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -11,10 +10,7 @@ from pydantic_settings import SettingsConfigDict
 from shared.bus.topics import EVENTS_DLQ, MODELS_READY, PREDICTIONS, TOPICS_BY_NAME, TopicSpec
 from shared.feature_store import ONLINE_KEY_PREFIX
 from shared.rpc.settings import GrpcServerSettings
-
-#: "champion": a new version serves only when its objective beats the serving
-#: one's; "latest": the newest version always serves.
-Policy = Literal["champion", "latest"]
+from shared.settings import ServingSettings
 
 
 class ModelSettings(GrpcServerSettings):
@@ -27,7 +23,9 @@ class ModelSettings(GrpcServerSettings):
     max_concurrent_requests: int = Field(default=256, ge=1, le=100_000)
     models_topic: str = MODELS_READY
     dlq_topic: str = EVENTS_DLQ
-    policy: Policy = "champion"
+    # Which version serves (AISTACK_MODEL_POLICY): shared with every reader
+    # of the registry, so that what is watched and scored is what serves.
+    serving: ServingSettings = Field(default_factory=ServingSettings)
     # Versions kept loaded per model besides the champion (newest first).
     keep_versions: int = Field(default=2, ge=1, le=100)
     # Dynamic batching (Triton's semantics): requests queued while the model is

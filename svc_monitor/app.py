@@ -59,7 +59,7 @@ class MonitorApp:
         self.settings = settings
         self.producer = producer
         self.metrics = metrics
-        self.registry = Registry()
+        self.registry = Registry(settings.serving.policy)
         self.horizons = Horizons(settings.horizon_windows)
         self.judge = Judge(
             settings.thresholds(), settings.horizon_windows, settings.windows_topic, clock_us

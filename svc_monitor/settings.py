@@ -13,7 +13,7 @@ from shared.bus.topics import (
     TOPICS_BY_NAME,
     TopicSpec,
 )
-from shared.settings import ServiceSettings
+from shared.settings import ServiceSettings, ServingSettings
 from svc_monitor.drift import Thresholds
 
 
@@ -21,6 +21,8 @@ class MonitorSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="AISTACK_MONITOR_", frozen=True, extra="ignore")
 
     models_topic: str = MODELS_READY
+    # Which version serves (AISTACK_MODEL_POLICY, the model server's): the one watched.
+    serving: ServingSettings = Field(default_factory=ServingSettings)
     windows_topic: str = FEATURES_WINDOWS
     drift_topic: str = MONITORING_DRIFT
     dlq_topic: str = EVENTS_DLQ

@@ -1,9 +1,10 @@
 """Which served versions the monitor watches, and its verdicts on them.
 
-- ``Registry``: every version of every model from ``aistack.models.ready``;
-  per model name the champion (``shared.objective.champion``, the version
-  the model server serves). A champion that carries a training distribution
-  is watched on its feature.
+- ``Registry``: every version of every model from ``aistack.models.ready``
+  (``shared.model_registry``); per model name the version the model server
+  serves under the serving policy (``AISTACK_MODEL_POLICY``: the champion
+  by ``shared.objective``'s rule, or the newest). A serving version that
+  carries a training distribution is watched on its feature.
 - ``Judge``: after a batch of windows, each watched champion whose feature
   got new windows, with at least ``min_windows`` in the horizon, is judged:
   every statistic of its reference against the horizon
@@ -24,10 +25,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 
+from shared import model_registry
 from shared.contracts.aistack.v1 import common_pb2, models_pb2, monitoring_pb2
 from shared.feature_store import merge_sources
 from shared.log import get_logger
-from shared.objective import champion
+from shared.settings import ServingPolicy
 from svc_monitor.drift import Reference, Score, Thresholds, assess
 from svc_monitor.horizon import Horizon, Horizons
 
@@ -75,18 +77,25 @@ def watched(event: models_pb2.ModelReady) -> Watched | None:
 
 
 class Registry:
-    """Every model's versions; the champions with a distribution are watched."""
+    """Every model's versions; the serving ones with a distribution are watched."""
 
-    def __init__(self) -> None:
-        self._versions: dict[str, dict[str, models_pb2.ModelReady]] = {}
+    def __init__(self, policy: ServingPolicy = "champion") -> None:
+        self._models = model_registry.Registry()
+        self._policy = policy
         self._watched: dict[str, Watched] = {}
 
     def offer(self, event: models_pb2.ModelReady) -> bool:
         """Take a version (the last event of a version wins); whether the
-        model's watched champion changed."""
-        versions = self._versions.setdefault(event.model_name, {})
-        versions[event.version] = event
-        best = champion(versions.values())
+        model's watched version changed. An event the registry skips (no
+        model, a bad version: the model server dead-letters it) changes
+        nothing."""
+        skipped = self._models.add(event)
+        if skipped:
+            log.warning(
+                "model.skipped", model=event.model_name, version=event.version, reason=skipped
+            )
+            return False
+        best = self._models.serving(event.model_name, self._policy)
         now = watched(best) if best is not None else None
         before = self._watched.get(event.model_name)
         if now is None:

@@ -1,5 +1,5 @@
-"""Wiring of ``aistack score``: the model's events from the models topic, a
-Spark session, the job."""
+"""Wiring of ``aistack score``: the model registry (``shared.model_registry``)
+for the version, a Spark session, the job."""
 
 from __future__ import annotations
 
@@ -7,13 +7,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shared import spark_session
-from shared.bus.consumer import read_to_end
+from shared import model_registry, spark_session
 from shared.bus.topics import PREDICTIONS_BATCH, TOPICS_BY_NAME, ensure_topics
-from shared.contracts.aistack.v1 import models_pb2
-from shared.errors import AistackError
-from shared.log import get_logger
-from shared.settings import KafkaSettings
 from svc_score import job
 from svc_score.plan import choose, parse_model
 from svc_score.publish import Publication
@@ -21,21 +16,6 @@ from svc_score.settings import ScoreSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-log = get_logger("svc_score")
-
-
-def read_models(kafka: KafkaSettings, topic: str, timeout: float) -> list[models_pb2.ModelReady]:
-    """Every model-ready event the (compacted) topic holds now, in log order.
-    A record that is not a ModelReady is skipped, as the model server
-    dead-letters it. Raises Unavailable when the topic is not read in time."""
-    events: list[models_pb2.ModelReady] = []
-    for record in read_to_end(kafka, topic, models_pb2.ModelReady, timeout):
-        try:
-            events.append(record.decode())
-        except AistackError as exc:
-            log.warning("score.skipped_record", topic=topic, offset=record.offset, error=str(exc))
-    return events
 
 
 def run(
@@ -57,8 +37,10 @@ def run(
     Spark session from ``settings.spark`` unless one is given. Raises
     AistackError subclasses, each one line (see ``job.score``)."""
     name, version = parse_model(model)
-    events = read_models(settings.kafka, settings.models_topic, settings.replay_timeout_seconds)
-    event = choose(events, name, version)
+    registry = model_registry.read(
+        settings.kafka, settings.models_topic, settings.replay_timeout_seconds
+    )
+    event = choose(registry, name, version, settings.serving.policy)
     publish_to = None
     if publish:
         topic = settings.predictions_topic

@@ -8,14 +8,16 @@ what is wrong (``ScoreRefused`` and its subclasses).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import InvalidArgument, NotFound
 from shared.feature_store import FEATURE_STATS
 from shared.model_loading import NUMPY_TYPES
-from shared.objective import champion, version_number
+from shared.model_registry import Registry
+from shared.objective import version_number
+from shared.settings import ServingPolicy
 
 #: The columns that say which row a prediction is for, kept where the input
 #: has them.
@@ -67,38 +69,15 @@ def parse_model(spec: str) -> tuple[str, str]:
 
 
 def choose(
-    events: Iterable[models_pb2.ModelReady], name: str, version: str
+    registry: Registry, name: str, version: str, policy: ServingPolicy = "champion"
 ) -> models_pb2.ModelReady:
-    """The event of version ``version`` of ``name`` (the last one published
-    for it), or, for "", the champion by ``shared.objective``'s rule, the one
-    the model server serves under its champion policy. Events whose version
-    is not a positive integer are skipped, as the model server dead-letters
-    them. Raises UnknownModel."""
-    names: set[str] = set()
-    versions: dict[int, models_pb2.ModelReady] = {}
-    for event in events:
-        names.add(event.model_name)
-        if event.model_name == name and _number(event.version) is not None:
-            versions[version_number(event.version)] = event
-    if not versions:
-        known = ", ".join(sorted(names)) or "none"
-        raise UnknownModel(f"unknown model {name!r} (models: {known})")
-    if not version:
-        best = champion(versions.values())
-        assert best is not None  # versions is not empty
-        return best
-    named = versions.get(version_number(version))
-    if named is None:
-        have = ", ".join(str(v) for v in sorted(versions))
-        raise UnknownModel(f"model {name!r} has no version {version} (versions: {have})")
-    return named
-
-
-def _number(version: str) -> int | None:
+    """Version ``version`` of ``name`` (the last event published for it), or,
+    for "", the version the model server serves under ``policy``. Raises
+    UnknownModel."""
     try:
-        return version_number(version)
-    except InvalidArgument:
-        return None
+        return registry.version(name, version, policy)
+    except NotFound as exc:
+        raise UnknownModel(str(exc)) from exc
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from shared.bus.topics import MODELS_READY, PREDICTIONS_BATCH
-from shared.settings import ServiceSettings, SparkSettings
+from shared.settings import ServiceSettings, ServingSettings, SparkSettings
 
 
 class ScoreSettings(ServiceSettings):
@@ -16,6 +16,8 @@ class ScoreSettings(ServiceSettings):
 
     spark: SparkSettings = Field(default_factory=SparkSettings)
     models_topic: str = MODELS_READY
+    # Which version serves (AISTACK_MODEL_POLICY): scored when none is named.
+    serving: ServingSettings = Field(default_factory=ServingSettings)
     # Where `aistack score --publish` puts each scored row.
     predictions_topic: str = PREDICTIONS_BATCH
     # Where the driver and each executor copy and verify the artifact.

@@ -22,6 +22,7 @@ from shared.bus.topics import ensure_topics
 from shared.contracts.aistack.v1 import events_pb2
 from shared.objective import BASELINE_VERSION, baseline_metric
 from shared.ports import free_port
+from shared.settings import ServingSettings
 from tests.infra import Infra
 from tests.integration import model_support as ms
 
@@ -195,7 +196,7 @@ def test_latest_policy_serves_the_newest_version(
         infra, topics.models_topic,
         ms.event("latest", 1, a, val_error=0.01), ms.event("latest", 2, a, val_error=0.5),
     )  # fmt: skip
-    server = serve(policy="latest")  # type: ignore[operator]
+    server = serve(serving=ServingSettings(policy="latest"))  # type: ignore[operator]
     for stub in ms.stub(server.address):
         assert stub.ModelInfer(ms.infer_request("latest", ms.digits(1))).model_version == "2"
 

@@ -4,30 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from shared.contracts.aistack.v1 import common_pb2, models_pb2
+from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import InvalidArgument, NotFound
 from shared.objective import BASELINE_VERSION, baseline_metric
-from svc_model.repository import Repository, Served, better, wanted
-
-
-def ready(
-    version: int,
-    value: float | None,
-    *,
-    direction: int = common_pb2.DIRECTION_MINIMIZE,
-    name: str = "m",
-    refit: bool = False,
-) -> models_pb2.ModelReady:
-    event = models_pb2.ModelReady(
-        model_name=name,
-        version=str(version),
-        objective=common_pb2.Objective(metric="val_error", direction=direction),  # type: ignore[arg-type]
-    )
-    if value is not None:
-        event.metrics["val_error"] = value
-    if refit:
-        event.labels["refit"] = "true"  # as trainers label the tuner's refit
-    return event
+from svc_model.repository import Repository, Served, wanted
+from tests.model_events import ready
 
 
 def challenger(
@@ -42,36 +23,6 @@ def challenger(
 
 def served(event: models_pb2.ModelReady) -> Served:
     return Served(name=event.model_name, version=int(event.version), event=event, executor=None)
-
-
-@pytest.mark.parametrize(
-    ("new", "current", "policy", "expected"),
-    [
-        (ready(2, 0.1), ready(1, 0.2), "champion", True),
-        (ready(2, 0.3), ready(1, 0.2), "champion", False),
-        (ready(2, 0.2), ready(1, 0.2), "champion", False),  # a tie: the earlier version
-        (ready(1, 0.2), ready(2, 0.2), "champion", True),  # whichever arrived first
-        (ready(2, 0.3), ready(1, 0.2), "latest", True),
-        (ready(1, 0.1), ready(2, 0.2), "latest", False),
-        (ready(2, None), ready(1, 0.2), "champion", False),  # no value: never beats one
-        (ready(2, 0.9), ready(1, None), "champion", True),
-        (ready(2, None), ready(1, None), "champion", True),  # neither: the newer
-        # A refit's validation metrics are on data it trained on: not judged by them.
-        (ready(2, 0.01, refit=True), ready(1, 0.2), "champion", False),
-        (ready(2, 0.3), ready(1, 0.01, refit=True), "champion", True),
-        (ready(2, 0.01, refit=True), ready(1, 0.2), "latest", True),
-        (
-            ready(2, 0.9, direction=common_pb2.DIRECTION_MAXIMIZE),
-            ready(1, 0.8, direction=common_pb2.DIRECTION_MAXIMIZE),
-            "champion",
-            True,
-        ),
-    ],
-)
-def test_the_champion_rule(
-    new: models_pb2.ModelReady, current: models_pb2.ModelReady, policy: str, expected: bool
-) -> None:
-    assert better(new, current, policy) is expected  # type: ignore[arg-type]
 
 
 def test_install_promotes_only_better_versions_and_keeps_the_champion() -> None:

@@ -156,6 +156,27 @@ def test_the_champion_with_a_distribution_is_watched_on_its_feature() -> None:
     assert [w.model_name for w in registry.watched()] == ["other"]
 
 
+def test_under_the_latest_policy_the_newest_version_is_watched_as_it_serves() -> None:
+    registry = Registry("latest")
+    assert registry.offer(model_ready(1, 0.1, distribution())) is True
+    # Worse on its objective, yet it serves under "latest": it is the one watched.
+    assert registry.offer(model_ready(2, 0.9, distribution(shift=5.0))) is True
+    assert registry.watched()[0].version == "2"
+    champion = Registry()
+    champion.offer(model_ready(1, 0.1, distribution()))
+    assert champion.offer(model_ready(2, 0.9, distribution(shift=5.0))) is False
+    assert champion.watched()[0].version == "1"
+
+
+def test_an_event_the_registry_skips_changes_nothing() -> None:
+    registry = Registry()
+    registry.offer(model_ready(1, 0.5, distribution()))
+    bad = model_ready(2, 0.1, distribution())
+    bad.version = "v2"
+    assert registry.offer(bad) is False
+    assert registry.watched()[0].version == "1"
+
+
 def test_unreadable_references_are_skipped_and_none_left_is_not_watched() -> None:
     broken = distribution()
     del broken.statistics[0].quantiles[3:]

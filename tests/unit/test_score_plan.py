@@ -8,6 +8,7 @@ import pytest
 from shared.contracts.aistack.v1 import common_pb2, models_pb2
 from shared.errors import InvalidArgument
 from shared.feature_store import FEATURE_STATS
+from shared.model_registry import Registry
 from svc_model.repository import wanted
 from svc_score.plan import BadInput, UnknownModel, choose, parse_model, plan
 
@@ -52,30 +53,32 @@ def test_without_a_version_the_champion_scores_as_svc_model_would_serve_it() -> 
         ready("m", "4", 0.2),
         ready("other", "1", 0.01),
     ]
-    chosen = choose(events, "m", "")
+    chosen = choose(Registry.of(events), "m", "")
     assert chosen.version == "2"
     # The same version the model server's champion policy keeps loaded.
     assert int(chosen.version) in wanted(events[:4], "champion", keep=1)
     assert wanted(events[:4], "champion", keep=1) == [2, 4]
+    # Under the latest policy, the newest: what the server then serves.
+    assert choose(Registry.of(events), "m", "", "latest").version == "4"
 
 
 def test_a_named_version_is_the_last_event_published_for_it() -> None:
     first, again = ready("m", "1", 0.3), ready("m", "1", 0.2)
-    assert choose([first, again, ready("m", "2", 0.1)], "m", "1") is again
+    assert choose(Registry.of([first, again, ready("m", "2", 0.1)]), "m", "1") is again
 
 
 def test_unknown_models_and_versions_say_what_there_is() -> None:
-    events = [ready("m", "1", 0.3), ready("m", "2"), ready("other", "1")]
+    registry = Registry.of([ready("m", "1", 0.3), ready("m", "2"), ready("other", "1")])
     with pytest.raises(UnknownModel, match=r"unknown model 'nope' \(models: m, other\)"):
-        choose(events, "nope", "")
+        choose(registry, "nope", "")
     with pytest.raises(UnknownModel, match=r"model 'm' has no version 9 \(versions: 1, 2\)"):
-        choose(events, "m", "9")
+        choose(registry, "m", "9")
 
 
 def test_an_event_with_a_bad_version_is_skipped_as_svc_model_dead_letters_it() -> None:
     with pytest.raises(UnknownModel):
-        choose([ready("m", "v1")], "m", "")
-    assert choose([ready("m", "v1"), ready("m", "2")], "m", "").version == "2"
+        choose(Registry.of([ready("m", "v1")]), "m", "")
+    assert choose(Registry.of([ready("m", "v1"), ready("m", "2")]), "m", "").version == "2"
 
 
 TYPES = {

@@ -1,0 +1,29 @@
+"""Model-ready events as trainers publish them, for the registry's and the
+model server's unit tests."""
+
+from __future__ import annotations
+
+from shared.contracts.aistack.v1 import common_pb2, models_pb2
+
+
+def ready(
+    version: int | str,
+    value: float | None,
+    *,
+    direction: int = common_pb2.DIRECTION_MINIMIZE,
+    name: str = "m",
+    refit: bool = False,
+) -> models_pb2.ModelReady:
+    """Version ``version`` of ``name`` with ``value`` of its objective
+    ``val_error`` (none when None); ``refit`` labels it as trainers label the
+    tuner's refit."""
+    event = models_pb2.ModelReady(
+        model_name=name,
+        version=str(version),
+        objective=common_pb2.Objective(metric="val_error", direction=direction),  # type: ignore[arg-type]
+    )
+    if value is not None:
+        event.metrics["val_error"] = value
+    if refit:
+        event.labels["refit"] = "true"
+    return event

@@ -1,0 +1,126 @@
+"""The model registry every reader of ``aistack.models.ready`` answers from
+(``shared.model_registry``): which events it takes, and which version serves
+under each policy."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from shared.contracts.aistack.v1 import common_pb2, models_pb2
+from shared.errors import NotFound
+from shared.model_registry import Registry, serving
+from tests.model_events import ready
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("new", "current", "policy", "expected"),
+    [
+        (ready(2, 0.1), ready(1, 0.2), "champion", True),
+        (ready(2, 0.3), ready(1, 0.2), "champion", False),
+        (ready(2, 0.2), ready(1, 0.2), "champion", False),  # a tie: the earlier version
+        (ready(1, 0.2), ready(2, 0.2), "champion", True),  # whichever arrived first
+        (ready(2, 0.3), ready(1, 0.2), "latest", True),
+        (ready(1, 0.1), ready(2, 0.2), "latest", False),
+        (ready(2, None), ready(1, 0.2), "champion", False),  # no value: never beats one
+        (ready(2, 0.9), ready(1, None), "champion", True),
+        (ready(2, None), ready(1, None), "champion", True),  # neither: the newer
+        # A refit's validation metrics are on data it trained on: not judged by them.
+        (ready(2, 0.01, refit=True), ready(1, 0.2), "champion", False),
+        (ready(2, 0.3), ready(1, 0.01, refit=True), "champion", True),
+        (ready(2, 0.01, refit=True), ready(1, 0.2), "latest", True),
+        (
+            ready(2, 0.9, direction=common_pb2.DIRECTION_MAXIMIZE),
+            ready(1, 0.8, direction=common_pb2.DIRECTION_MAXIMIZE),
+            "champion",
+            True,
+        ),
+    ],
+)
+def test_which_of_two_versions_serves_under_each_policy(
+    new: models_pb2.ModelReady, current: models_pb2.ModelReady, policy: str, expected: bool
+) -> None:
+    """``expected``: whether ``new`` takes ``current``'s place."""
+    assert (serving([current, new], policy) is new) is expected  # type: ignore[arg-type]
+    assert (serving([new, current], policy) is new) is expected  # type: ignore[arg-type]
+
+
+def test_the_last_event_of_a_version_wins_and_versions_come_oldest_first() -> None:
+    first, again = ready(1, 0.3), ready(1, 0.2)
+    registry = Registry.of([ready(10, 0.5), first, ready(2, 0.4), again, ready(1, 0.9, name="x")])
+    assert [e.version for e in registry.versions("m")] == ["1", "2", "10"]
+    assert registry.version("m", "1") is again
+    assert registry.names() == ["m", "x"]
+    assert registry.next_version("m") == "11"
+    assert registry.next_version("new") == "1"
+
+
+def test_an_event_without_a_model_or_with_a_bad_version_is_skipped_with_why() -> None:
+    registry = Registry()
+    assert registry.add(ready("v1", 0.1)) == "model version must be a positive integer, got 'v1'"
+    assert registry.add(ready(0, 0.1)) == "model version must be a positive integer, got '0'"
+    assert registry.add(ready(1, 0.1, name="")) == "the event names no model"
+    assert registry.add(ready(2, 0.5)) == ""
+    assert [reason for _, reason in registry.skipped] == [
+        "model version must be a positive integer, got 'v1'",
+        "model version must be a positive integer, got '0'",
+        "the event names no model",
+    ]
+    assert [e.version for e in registry.versions("m")] == ["2"]
+
+
+def test_a_model_named_without_a_version_is_the_one_the_policy_serves() -> None:
+    registry = Registry.of([ready(1, 0.1), ready(2, 0.3), ready(3, 0.2)])
+    assert registry.version("m").version == "1"
+    assert registry.version("m", "", "champion").version == "1"
+    assert registry.version("m", "", "latest").version == "3"
+    assert registry.serving("m", "latest") is registry.version("m", "3")
+    assert registry.serving("unknown", "champion") is None
+
+
+def test_unknown_models_and_versions_say_what_there_is() -> None:
+    registry = Registry.of([ready(1, 0.3), ready(2, None), ready(1, None, name="other")])
+    with pytest.raises(NotFound, match=r"^unknown model 'nope' \(models: m, other\)$"):
+        registry.version("nope")
+    with pytest.raises(NotFound, match=r"^model 'm' has no version 9 \(versions: 1, 2\)$"):
+        registry.version("m", "9")
+    with pytest.raises(NotFound, match=r"^model 'm' has no version x \(versions: 1, 2\)$"):
+        registry.version("m", "x")
+    with pytest.raises(NotFound, match=r"^unknown model 'm' \(models: none\)$"):
+        Registry().versions("m")
+
+
+#: The packages whose modules must ask the registry which version serves.
+_PACKAGES = (
+    "aistack",
+    "compose",
+    "svc_ingest",
+    "svc_model",
+    "svc_monitor",
+    "svc_score",
+    "svc_trainer",
+    "svc_transform",
+    "svc_tuner",
+    "bench",
+)
+#: The rule's parts: only shared/ (the registry and the objective) composes them.
+_RULE = {"champion", "supersedes"}
+
+
+def test_only_the_shared_registry_decides_which_version_serves() -> None:
+    """No service, command or benchmark applies the champion rule itself:
+    each asks ``shared.model_registry`` (which honours the serving policy)."""
+    offenders = []
+    for package in _PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == "shared.objective":
+                    taken = _RULE & {alias.name for alias in node.names}
+                    if taken:
+                        offenders.append(f"{path.relative_to(ROOT)}: {sorted(taken)}")
+    assert offenders == []
