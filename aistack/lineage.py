@@ -29,11 +29,11 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from aistack.settings import LineageSettings
-from shared import model_registry
+from shared import model_registry, offline_store
 from shared.bus.consumer import read_to_end
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, models_pb2, predictions_pb2
 from shared.errors import AistackError, InvalidArgument, NotFound
-from shared.feature_store import WEB_LATENCY, merge_sources
+from shared.feature_store import Series, event_series
 from shared.objective import version_number
 from shared.settings import KafkaSettings
 
@@ -313,10 +313,6 @@ class _Walk:
         return Node(f"{where}: not on the bus", {"gone": True})
 
 
-#: A window's series: (entity, metric, path); path "" but for web requests.
-Series = tuple[str, str, str]
-
-
 class Windows:
     """The windows a set of clean events must fall in: per series, their
     [start, end) spans in microseconds. A clean event is under them when it
@@ -342,58 +338,22 @@ class Windows:
         if event.entity_id in self._whole:
             return True
         at = event.event_time.ToMicroseconds()
-        for series in _series(event):
+        for series in event_series(event):
             for start, end in self._spans.get(series, ()):
                 if start <= at < end:
                     return True
         return False
 
 
-def _series(event: events_pb2.CleanEvent) -> Iterator[Series]:
-    # As svc_transform's windows read them (svc_transform.windows.observations).
-    kind = event.WhichOneof("body")
-    if kind == "sensor_reading":
-        for measurement in event.sensor_reading.measurements:
-            yield (event.entity_id, measurement.metric, "")
-    elif kind == "web_request":
-        yield (event.entity_id, WEB_LATENCY, event.web_request.path)
-
-
 def _windows_in(files: list[str]) -> tuple[int, Windows, list[common_pb2.OffsetRange]]:
     """(how many windows, their series and spans, their clean ranges merged
-    per partition) of the offline-store files."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    count = 0
+    per partition) of the offline-store files, read as the trainer read them."""
+    stored = offline_store.stored_windows(files)
     windows = Windows()
-    spans: list[dict[str, Any]] = []
-    for path in files:
-        if "sources" not in pq.read_schema(path).names:
-            continue
-        # The metric is a partition of the store: in the path, not the file.
-        metric = next(
-            (part[len("metric=") :] for part in Path(path).parts if part.startswith("metric=")), ""
-        )
-        table = pq.read_table(
-            path,
-            columns=["entity_id", "path", "window_start", "window_end", "sources"],
-            coerce_int96_timestamp_unit="us",
-        )
-        starts = table.column("window_start").cast(pa.timestamp("us")).cast(pa.int64())
-        ends = table.column("window_end").cast(pa.timestamp("us")).cast(pa.int64())
-        for entity, dimension, start, end, sources in zip(
-            table.column("entity_id").to_pylist(),
-            table.column("path").to_pylist(),
-            starts.to_pylist(),
-            ends.to_pylist(),
-            table.column("sources").to_pylist(),
-            strict=True,
-        ):
-            count += 1
-            windows.add((entity, metric, dimension or ""), start, end)
-            spans.extend(sources or ())
-    return count, windows, [common_pb2.OffsetRange(**span) for span in merge_sources(spans)]
+    for series, start, end in zip(stored.series, stored.start_us, stored.end_us, strict=True):
+        windows.add(series, start, end)
+    ranges = [common_pb2.OffsetRange(**span) for span in stored.sources]
+    return len(stored.series), windows, ranges
 
 
 def _fed(logged: predictions_pb2.PredictionLogged) -> Windows:

@@ -28,6 +28,7 @@ from shared.artifacts import ArtifactStore, digest
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import common_pb2, models_pb2
 from shared.errors import InvalidArgument
+from shared.feature_store import FEATURE_LABEL
 from shared.model_loading import fetch as fetch_artifact
 
 #: The label that marks a version registered from outside.
@@ -104,7 +105,7 @@ def register(settings: ClientSettings, registration: Registration) -> models_pb2
             )
     if registration.training_distribution is not None:
         event.training_distribution.CopyFrom(registration.training_distribution)
-        event.labels["feature"] = registration.training_distribution.feature
+        event.labels[FEATURE_LABEL] = registration.training_distribution.feature
     producer = BusProducer(lineage.kafka, source="aistack-client")
     producer.publish(lineage.models_topic, event, key=f"{registration.name}/{version}")
     producer.flush()

@@ -30,17 +30,36 @@ A model fed by entity takes a window's ``FEATURE_STATS``, in that order.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
+from shared.contracts.aistack.v1.events_pb2 import CleanEvent
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
 from shared.errors import FailedPrecondition
 
 #: The metric of web requests; the request path is its one dimension.
 WEB_LATENCY = "http.latency_ms"
+
+#: A time series a clean event gives values to: (entity, metric, path).
+Series = tuple[str, str, str]
+
+
+def event_series(event: CleanEvent) -> Iterator[Series]:
+    """The series ``event`` gives one value each: a sensor reading's
+    measurements, a web request's latency on its path. svc_transform's
+    windows read events so (``svc_transform.windows.observations``, in Spark
+    SQL: a test holds the two to the same series); the lineage walk matches
+    clean events to windows by it."""
+    kind = event.WhichOneof("body")
+    if kind == "sensor_reading":
+        for measurement in event.sensor_reading.measurements:
+            yield (event.entity_id, measurement.metric, "")
+    elif kind == "web_request":
+        yield (event.entity_id, WEB_LATENCY, event.web_request.path)
+
 
 #: The window statistics a feature model reads, in this order: svc_trainer
 #: builds its lags from them, svc_model feeds them by entity.
@@ -156,6 +175,13 @@ def online_field(metric: str, window: str, path: str = "") -> str:
     ``http.latency_ms|path=/api/orders@tumbling-60s``. ``window`` is the window
     kind's name, as in the offline store's ``window=`` partition."""
     return f"{metric}|path={path}@{window}" if path else f"{metric}@{window}"
+
+
+#: The label of a model version (``ModelReady.labels``) naming the online
+#: field (``online_field``) it was trained on: the one svc_model reads for a
+#: request that names an entity and no feature. Trainers and
+#: ``aistack models register --feature`` set it.
+FEATURE_LABEL = "feature"
 
 
 #: What ``open_field`` appends to a closed window's field.

@@ -4,8 +4,10 @@ at a time, the latest batch of each window winning (a replayed batch writes
 a window again).
 
 The one reader of the store's windows: svc_trainer's ``features`` dataset
-trains on them, and a model registered from outside takes its training
-distribution from them (``aistack.models``). Problems with the store raise
+trains on them, a model registered from outside takes its training
+distribution from them (``aistack.models``), and the lineage walk follows a
+model's training files back to the clean events under their windows
+(``stored_windows``). Problems with the store raise
 ``OfflineStoreError`` (reason ``bad_dataset``) with one line naming them.
 """
 
@@ -27,6 +29,8 @@ from shared.feature_store import (
     PARTITION_COLUMNS,
     PARTITIONS,
     SERIES_COLUMNS,
+    Series,
+    merge_source_column,
     online_field,
 )
 
@@ -58,16 +62,30 @@ def _arrow() -> tuple[Any, Any]:
 
 
 def open_store(root: Path) -> Any:
+    """The store under ``root`` as a pyarrow dataset with its partitions."""
+    try:
+        return _dataset(str(root))
+    except (OSError, ValueError) as exc:
+        raise OfflineStoreError(f"cannot read the Parquet store {root}: {exc}") from exc
+
+
+def open_store_files(files: Sequence[str]) -> Any:
+    """Some of the store's files (paths under its partition directories) as
+    a pyarrow dataset with their partitions."""
+    try:
+        return _dataset(list(files))
+    except (OSError, ValueError) as exc:
+        raise OfflineStoreError(f"cannot read the store's files: {exc}") from exc
+
+
+def _dataset(source: str | list[str]) -> Any:
     pa, ds = _arrow()
     partitioning = ds.partitioning(
         pa.schema([(name, pa.type_for_alias(kind)) for name, kind in PARTITIONS]), flavor="hive"
     )
     # Spark writes timestamps as INT96 by default; microseconds is their precision.
     parquet = ds.ParquetFileFormat(read_options={"coerce_int96_timestamp_unit": "us"})
-    try:
-        return ds.dataset(str(root), format=parquet, partitioning=partitioning)
-    except (OSError, ValueError) as exc:
-        raise OfflineStoreError(f"cannot read the Parquet store {root}: {exc}") from exc
+    return ds.dataset(source, format=parquet, partitioning=partitioning)
 
 
 def choose(
@@ -143,21 +161,77 @@ def latest_windows(
         table = table.filter(pa.array(inside))
     series = _series_codes(table, series_columns)
     start = _micros(table["window_start"])
-    batch = _int64(table["batch"])
-    order = np.lexsort((batch, start, series))
-    series, start, batch = series[order], start[order], batch[order]
-    # Sorted by batch within a window: the last row of each window is the latest batch's.
-    last = np.ones(len(order), dtype=bool)
-    last[:-1] = (series[1:] != series[:-1]) | (start[1:] != start[:-1])
-    kept = order[last]
+    kept = _latest(series, start, _int64(table["batch"]))
     stats = np.column_stack([_float64(table[stat]) for stat in stat_names])[kept]
     return Windows(
-        series=series[last],
-        start_us=start[last],
+        series=series[kept],
+        start_us=start[kept],
         slide_us=_int64(table["window_slide"])[kept] * 1_000_000,
         stats=np.where(np.isfinite(stats), stats, 0.0),
         target=_float64(table[label])[kept],
         stat_names=stat_names,
+    )
+
+
+def _latest(
+    series: NDArray[np.int64], start: NDArray[np.int64], batch: NDArray[np.int64]
+) -> NDArray[np.int64]:
+    """The rows to read, sorted by series and start: of a window (a series'
+    start) stored by several batches, the latest batch's row."""
+    order = np.lexsort((batch, start, series))
+    series, start = series[order], start[order]
+    # Sorted by batch within a window: the last row of each window is the latest batch's.
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = (series[1:] != series[:-1]) | (start[1:] != start[:-1])
+    return np.asarray(order[last], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class StoredWindows:
+    """Windows read from offline-store files, one row each: its series
+    (``shared.feature_store.Series``), start and end (µs); and the clean
+    events under all of them, merged per partition
+    (``shared.feature_store.merge_sources``)."""
+
+    series: list[Series]
+    start_us: list[int]
+    end_us: list[int]
+    sources: list[dict[str, Any]]
+
+
+def stored_windows(files: Sequence[str]) -> StoredWindows:
+    """The windows in the offline store's ``files`` (their metric and kind
+    read from each file's partitions), the latest batch's row of a window
+    stored twice, as the trainer reads them. Files written before windows
+    carried their ``sources`` hold none to follow: left out."""
+    import pyarrow.parquet as pq
+
+    with_sources = [path for path in files if "sources" in pq.read_schema(path).names]
+    if not with_sources:
+        return StoredWindows([], [], [], [])
+    store = open_store_files(with_sources)
+    names = set(store.schema.names)
+    series_columns = [c for c in SERIES_COLUMNS if c in names]
+    columns = ["metric", "window", *series_columns, "window_start", "window_end", "batch"]
+    table = store.to_table(columns=[*columns, "sources"])
+    start = _micros(table["window_start"])
+    kept = _latest(
+        _series_codes(table, ["metric", "window", *series_columns]), start, _int64(table["batch"])
+    )
+    pa, _ = _arrow()
+    table = table.take(pa.array(kept))
+    paths = table["path"] if "path" in names else pa.nulls(table.num_rows, pa.string())
+    series = zip(
+        table["entity_id"].to_pylist(),
+        table["metric"].to_pylist(),
+        paths.fill_null("").to_pylist(),
+        strict=True,
+    )
+    return StoredWindows(
+        series=[(entity, metric, path) for entity, metric, path in series],
+        start_us=start[kept].tolist(),
+        end_us=_micros(table["window_end"]).tolist(),
+        sources=merge_source_column(table["sources"]),
     )
 
 

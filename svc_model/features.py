@@ -39,7 +39,6 @@ from shared.feature_store import (
 
 ENTITY_PARAMETER = "entity_id"
 FEATURE_PARAMETER = "feature"
-FEATURE_LABEL = "feature"
 WINDOW_PARAMETER = "window"
 WINDOWS = ("closed", "open")
 

@@ -21,6 +21,7 @@ from shared.contracts.aistack.v1 import models_pb2
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
 from shared.contracts.inference import grpc_predict_v2_pb2 as pb
 from shared.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from shared.feature_store import FEATURE_LABEL
 from shared.log import get_logger
 from shared.model_loading import ArtifactRejected
 from shared.objective import version_number
@@ -323,7 +324,7 @@ class InferenceCore:
         field = (
             _string_parameter(request, entity.FEATURE_PARAMETER)
             if entity.FEATURE_PARAMETER in request.parameters
-            else served.event.labels.get(entity.FEATURE_LABEL, "")
+            else served.event.labels.get(FEATURE_LABEL, "")
         )
         if entity.WINDOW_PARAMETER in request.parameters:
             field = entity.window_field(field, _string_parameter(request, entity.WINDOW_PARAMETER))

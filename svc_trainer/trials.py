@@ -16,6 +16,7 @@ from google.protobuf import json_format
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1 import common_pb2, models_pb2, tuning_pb2
+from shared.feature_store import FEATURE_LABEL
 from shared.objective import BASELINE_VERSION, REFIT, VERSION_OFFSET, is_refit
 from shared.settings import SparkSettings
 from svc_trainer import evaluation
@@ -357,8 +358,7 @@ def _labels(
     if request.task.HasField("code"):
         labels["code_sha256"] = request.task.code.sha256
     if data is not None and data.feature:
-        # svc_model reads this entity field when a request names an entity.
-        labels["feature"] = data.feature
+        labels[FEATURE_LABEL] = data.feature
     if request.task.HasField("baseline"):
         # With the metric baseline_<objective>: the champion rule's evidence.
         labels[BASELINE_VERSION] = request.task.baseline.version

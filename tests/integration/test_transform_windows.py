@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shared.contracts.aistack.v1 import events_pb2, features_pb2
+from shared.feature_store import event_series
 from svc_transform.windows import (
     WEB_LATENCY,
     WindowSpec,
@@ -218,6 +219,30 @@ def test_web_requests_give_latency_and_error_rate_per_host_and_path(spark: Any) 
     assert (a.metric, a.unit, a["count"], a.max) == (WEB_LATENCY, "ms", 3, 30.0)
     assert abs(a.error_rate - 2 / 3) < 1e-9
     assert by_path["/b"].error_rate == 0.0
+
+
+def test_the_series_lineage_matches_events_by_are_the_ones_the_windows_read(spark: Any) -> None:
+    """``shared.feature_store.event_series`` (Python, for the lineage walk)
+    and ``observations`` (Spark SQL) give each event the same series."""
+    two = events_pb2.CleanEvent(event_id="two", entity_id="s-2")
+    two.event_time.FromDatetime(T0)
+    two.sensor_reading.device_id = "s-2"
+    two.sensor_reading.measurements.add(metric="temperature", value=1.0, unit="degC")
+    two.sensor_reading.measurements.add(metric="humidity", value=40.0, unit="%")
+    events = [
+        events_pb2.CleanEvent.FromString(sensor("s-1", T0, 5.0)),
+        two,
+        events_pb2.CleanEvent.FromString(web("w-1", T0, "/a", 200, 3.0)),
+        events_pb2.CleanEvent.FromString(web("w-1", T0, "/b", 500, 4.0)),
+    ]
+    values = [event.SerializeToString() for event in events]
+    rows = observations(decode(frame(spark, values))).collect()
+    read = sorted((r.offset, r.entity_id, r.metric, r.path) for r in rows)
+    expected = sorted(
+        (100 + i, *series) for i, event in enumerate(events) for series in event_series(event)
+    )
+    assert read == expected
+    assert len(expected) == 5
 
 
 def test_aggregates_encode_as_feature_windows(spark: Any) -> None:
