@@ -235,6 +235,87 @@ def stored_windows(files: Sequence[str]) -> StoredWindows:
     )
 
 
+def superseded(files: Sequence[str]) -> dict[str, list[int]]:
+    """Per file among ``files`` (the offline store's, or any Parquet), the
+    rows a later batch wrote again, by index in the file: what a reader of
+    every row skips to read each window once, as ``latest_windows`` does.
+    Empty for files without the store's ``batch`` partition and
+    ``window_start``, and whenever no two batches of a metric and window kind
+    hold windows starting in overlapping spans (the usual store: each batch
+    closes later windows), which each file's window starts alone show."""
+    import pyarrow.parquet as pq
+
+    pa, ds = _arrow()
+    try:
+        store = open_store_files(files)
+    except OfflineStoreError:
+        return {}
+    spans: dict[tuple[Any, Any], list[tuple[int, int, int, str]]] = {}
+    fragments = {}
+    for fragment in store.get_fragments():
+        fragments[fragment.path] = fragment
+        keys = ds.get_partition_keys(fragment.partition_expression)
+        if keys.get("batch") is None or "window_start" not in fragment.physical_schema.names:
+            continue
+        starts = _micros(
+            pq.read_table(
+                fragment.path, columns=["window_start"], coerce_int96_timestamp_unit="us"
+            )["window_start"]
+        )
+        if len(starts):
+            group = (keys.get("metric"), keys.get("window"))
+            low, high = int(starts.min()), int(starts.max())
+            spans.setdefault(group, []).append((low, high, int(keys["batch"]), fragment.path))
+    overlapping = sorted({path for group in spans.values() for path in _overlapping(group)})
+    if not overlapping:
+        return {}
+    present = set(store.schema.names)
+    columns = [c for c in ("metric", "window", *SERIES_COLUMNS) if c in present]
+    # File by file, each in its own row order: a row's file and index in it.
+    tables = [
+        fragments[path].to_table(schema=store.schema, columns=[*columns, "window_start", "batch"])
+        for path in overlapping
+    ]
+    table = pa.concat_tables(tables)
+    names = [path for path, part in zip(overlapping, tables, strict=True) for _ in range(len(part))]
+    row = np.concatenate([np.arange(len(part), dtype=np.int64) for part in tables])
+    kept = np.zeros(table.num_rows, dtype=bool)
+    kept[
+        _latest(
+            _series_codes(table, columns), _micros(table["window_start"]), _int64(table["batch"])
+        )
+    ] = True
+    dropped: dict[str, list[int]] = {}
+    for i in np.flatnonzero(~kept):
+        dropped.setdefault(names[i], []).append(int(row[i]))
+    return dropped
+
+
+def latest_batch_rows(frame: Any) -> Any:
+    """Spark's side of ``superseded``: ``frame`` (the store as Spark reads
+    it) with only the latest batch's row of each window. A shuffle: for a
+    store where ``superseded`` found rows to skip."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if "batch" not in frame.columns or "window_start" not in frame.columns:
+        return frame
+    keys = [c for c in ("metric", "window", *SERIES_COLUMNS, "window_start") if c in frame.columns]
+    latest = Window.partitionBy(*keys).orderBy(F.col("batch").desc())
+    rank = "_aistack_latest"
+    return frame.withColumn(rank, F.row_number().over(latest)).where(F.col(rank) == 1).drop(rank)
+
+
+def _overlapping(spans: list[tuple[int, int, int, str]]) -> set[str]:
+    """The files whose span of window starts overlaps another batch's."""
+    found: set[str] = set()
+    for i, (low, high, batch, path) in enumerate(spans):
+        for other_low, other_high, other_batch, other in spans[i + 1 :]:
+            if batch != other_batch and low <= other_high and other_low <= high:
+                found.update((path, other))
+    return found
+
+
 def latest_start_us(store: Any, selected: Any) -> int | None:
     column = store.to_table(columns=["window_start"], filter=selected)["window_start"]
     if not len(column):

@@ -4,7 +4,9 @@ row groups, or is handed the rows a ``--where`` keeps, scores them and
 writes its own Parquet file with pyarrow), then write the run's lineage:
 each output file's rows and the clean-event offsets under them, as the
 tasks report them. A row keeps its own ``sources`` only on request
-(``row_sources``).
+(``row_sources``). Of the offline store, each window is scored once, as the
+store's other readers read it: the latest batch's row
+(``shared.offline_store.superseded``).
 """
 
 from __future__ import annotations
@@ -14,14 +16,14 @@ import json
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from google.protobuf import json_format
 
-from shared import model_loading
+from shared import model_loading, offline_store
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import AistackError, InvalidArgument
 from shared.log import get_logger
@@ -93,12 +95,16 @@ def score(
             raise InvalidArgument(
                 f"{input_path}: cannot read it as Parquet: {_first_line(exc)}"
             ) from exc
+        files = sorted(frame.inputFiles())
+        digest = input_digest(files)  # local files only: refused before any task runs
         if where:
+            # The offline store's rule first (a window a later batch wrote
+            # again is read once), then the condition.
+            if offline_store.superseded([str(_local(name)) for name in files]):
+                frame = offline_store.latest_batch_rows(frame)
             frame = _filtered(frame, where)
         types = {field.name: field.dataType.simpleString() for field in frame.schema.fields}
         chosen = plan(event, types, columns, row_sources=row_sources or publish_to is not None)
-        files = sorted(frame.inputFiles())
-        digest = input_digest(files)  # local files only: refused before any task runs
         feed = list(dict.fromkeys([*chosen.keys, *chosen.columns]))
         merge = ROW_SOURCES if ROW_SOURCES in types else ""
         if merge and merge not in feed:
@@ -183,6 +189,10 @@ def _from_files(spark: SparkSession, task: tasks.Task, input_path: str) -> list[
     context = spark.sparkContext
     rows = sum(unit.rows for unit in units)
     shares = tasks.share(units, max(context.defaultParallelism, -(-rows // _ROWS_PER_TASK)))
+    # A window of the offline store a later batch wrote again is scored once.
+    skip = offline_store.superseded(sorted({unit.path for unit in units}))
+    if skip:
+        task = replace(task, skip=tuple((path, tuple(rows)) for path, rows in sorted(skip.items())))
     run = tasks.from_files(task)
     return list(
         context.parallelize(shares, len(shares))

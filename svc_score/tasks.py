@@ -99,6 +99,9 @@ class Task:
     output_schema: bytes  # the Arrow schema of the files written
     merge: str  # the input's sources column; "" when it has none
     batch_rows: int  # rows per model call
+    # Per input file, the rows not to score: an offline-store window a later
+    # batch wrote again (``shared.offline_store.superseded``).
+    skip: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @classmethod
     def of(cls, chosen: Plan, fed: pa.Schema, output: pa.Schema, merge: str, **run: Any) -> Task:
@@ -238,7 +241,7 @@ def from_files(task: Task) -> Any:
         import pyarrow as pa
 
         fed = pa.ipc.read_schema(pa.py_buffer(task.fed_schema))
-        batches = read_units(list(units), fed, task.batch_rows)
+        batches = read_units(list(units), fed, task.batch_rows, dict(task.skip))
         written = write_scored(task, file_name(task, index), batches)
         if written is not None:
             yield written
@@ -275,10 +278,16 @@ def share(units: Sequence[Unit], tasks: int) -> list[list[Unit]]:
     return [[units[i] for i in sorted(share)] for share in shares if share]
 
 
-def read_units(units: Sequence[Unit], fed: pa.Schema, batch_rows: int) -> Iterator[pa.RecordBatch]:
+def read_units(
+    units: Sequence[Unit],
+    fed: pa.Schema,
+    batch_rows: int,
+    skip: Mapping[str, Sequence[int]] | None = None,
+) -> Iterator[pa.RecordBatch]:
     """The ``fed`` columns of ``units``, ``batch_rows`` rows a batch, typed as
     ``fed`` says (as Spark would hand them over): a Hive partition's value
-    for a partition column, nulls for a column a file lacks."""
+    for a partition column, nulls for a column a file lacks; without the
+    rows ``skip`` names (by index in their file)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -290,9 +299,14 @@ def read_units(units: Sequence[Unit], fed: pa.Schema, batch_rows: int) -> Iterat
         parquet = pq.ParquetFile(path, coerce_int96_timestamp_unit="us")
         present = set(parquet.schema_arrow.names)
         stored = [field.name for field in fed if field.name in present]
-        for batch in parquet.iter_batches(
-            batch_size=batch_rows, row_groups=[g.row_group for g in groups], columns=stored
-        ):
+        dropped = (skip or {}).get(path)
+        if dropped:
+            read = _without(parquet, [g.row_group for g in groups], stored, batch_rows, dropped)
+        else:
+            read = parquet.iter_batches(
+                batch_size=batch_rows, row_groups=[g.row_group for g in groups], columns=stored
+            )
+        for batch in read:
             rows = batch.num_rows
             arrays = []
             for field in fed:
@@ -304,6 +318,32 @@ def read_units(units: Sequence[Unit], fed: pa.Schema, batch_rows: int) -> Iterat
                 else:
                     arrays.append(pa.nulls(rows, field.type))
             yield pa.RecordBatch.from_arrays(arrays, schema=fed)
+
+
+def _without(
+    parquet: Any, row_groups: list[int], columns: list[str], batch_rows: int, rows: Sequence[int]
+) -> Iterator[pa.RecordBatch]:
+    """``row_groups``' batches without ``rows`` (indices in the file): a row
+    group at a time, so that each batch's place in the file is known."""
+    import pyarrow as pa
+
+    metadata = parquet.metadata
+    starts = np.cumsum(
+        [0] + [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    )
+    skipped = np.asarray(sorted(rows), dtype=np.int64)
+    for group in row_groups:
+        first = int(starts[group])
+        for batch in parquet.iter_batches(
+            batch_size=batch_rows, row_groups=[group], columns=columns
+        ):
+            at = np.arange(first, first + batch.num_rows, dtype=np.int64)
+            first += batch.num_rows
+            kept = ~np.isin(at, skipped)
+            if kept.all():
+                yield batch
+            elif kept.any():
+                yield batch.filter(pa.array(kept))
 
 
 def _runner(event_bytes: bytes, cache_dir: str) -> model_loading.Runner:

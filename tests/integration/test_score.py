@@ -258,6 +258,43 @@ def test_where_scores_only_the_rows_it_matches(
     assert not refused.exists()
 
 
+def test_a_window_a_later_batch_wrote_again_is_scored_once_as_the_latest(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The offline store's rule (``shared.offline_store``): of a window two
+    batches wrote, the later batch's row is scored, with or without --where."""
+    from bench.batch_scoring import export_model
+    from tests.unit.test_trainer_data import Window, write_store
+
+    event = export_model(tmp_path / "model")
+    first = [Window("s-1", i, 10.0 + i, stddev=1.0, batch=0) for i in range(4)]
+    again = [Window("s-1", i, 50.0 + i, stddev=2.0, batch=1) for i in (2, 3)]
+    latest = [*first[:2], *again]
+    write_store(tmp_path / "store", first + again)
+    write_store(tmp_path / "latest", latest)
+
+    def scored(store: str, name: str, where: str = "") -> dict[tuple[str, Any], float]:
+        output = tmp_path / name
+        job.score(
+            spark, event, input_path=store, output=output, cache_dir=tmp_path / "c", where=where
+        )
+        table = pq.read_table(output)
+        keys = zip(table["entity_id"].to_pylist(), table["window_start"].to_pylist(), strict=True)
+        predictions = dict(zip(keys, table["prediction"].to_pylist(), strict=True))
+        assert len(predictions) == table.num_rows  # each window once
+        return predictions
+
+    want = scored(str(tmp_path / "latest"), "want")
+    assert len(want) == 4
+    assert scored(str(tmp_path / "store"), "all") == want
+    # Spark hands the filtered rows over in other batches: float32 sums in another order.
+    assert scored(str(tmp_path / "store"), "where", where="entity_id = 's-1'") == pytest.approx(
+        want, rel=1e-5
+    )
+    lineage = json.loads((tmp_path / "all" / job.LINEAGE_FILE).read_text())
+    assert lineage["rows"] == 4
+
+
 def test_published_predictions_are_the_output_rows_under_the_runs_id(
     spark: Any,
     registry: tuple[ScoreSettings, ms.ServerThread],

@@ -7,11 +7,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from shared.contracts.aistack.v1 import models_pb2
 from shared.feature_store import WEB_LATENCY
-from shared.offline_store import OfflineStoreError, stored_windows, training_distribution
+from shared.offline_store import (
+    OfflineStoreError,
+    stored_windows,
+    superseded,
+    training_distribution,
+)
 from svc_monitor.watch import watched
 from tests.unit.test_trainer_data import T0, TUMBLING, Window, series, write_store
 
@@ -99,3 +106,29 @@ def test_files_written_before_windows_carried_sources_are_left_out(tmp_path: Pat
     assert {entity for entity, _, _ in stored.series} == {"sensor-2"}
     assert len(stored.start_us) == 2
     assert stored_windows([str(p) for p in (tmp_path / "old").rglob("*.parquet")]).series == []
+
+
+def test_superseded_names_the_rows_a_later_batch_wrote_again(tmp_path: Path) -> None:
+    write_store(
+        tmp_path,
+        [
+            Window("a", 0, 1.0, batch=0),
+            Window("a", 1, 2.0, batch=0),
+            Window("b", 1, 2.0, batch=0),
+            Window("a", 1, 3.0, batch=2),  # window a/1 again: row 1 of batch 0 is skipped
+            Window("a", 2, 3.0, batch=3),  # a later window: overlaps nothing
+        ],
+    )
+    files = sorted(str(path) for path in tmp_path.rglob("*.parquet"))
+    first = next(path for path in files if "/batch=0/" in path)
+    assert superseded(files) == {first: [1]}
+
+
+def test_superseded_is_empty_when_batches_close_later_windows_or_for_other_parquet(
+    tmp_path: Path,
+) -> None:
+    write_store(tmp_path / "store", series("sensor-1", 12))  # batches of 4 later windows each
+    assert superseded(sorted(str(p) for p in (tmp_path / "store").rglob("*.parquet"))) == {}
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"x": [1.0, 2.0]}), plain)
+    assert superseded([str(plain)]) == {}
