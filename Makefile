@@ -16,11 +16,11 @@ PY := $(VENV)/bin/python
 # the CUDA build either way.
 GPU ?=
 FRAMEWORKS := $(if $(filter-out 0,$(GPU)),trainer-gpu model-gpu,trainer model)
-EXTRAS ?= dev ingest transform monitor tuner tuner-gp $(FRAMEWORKS) client bench
+EXTRAS ?= dev ingest transform monitor tuner tuner-gp $(FRAMEWORKS) client bench docs
 STAMPS := .setup-stamps
 PROTOS := $(shell find proto -name '*.proto')
 
-.PHONY: help demo setup system-deps venv proto bytecode jars test test-unit test-integration lint bench gpu-check infra-up infra-down clean
+.PHONY: help demo setup system-deps venv proto bytecode jars test test-unit test-integration lint bench gpu-check docs docs-serve infra-up infra-down clean
 
 help:
 	@echo "make demo     set up, then run the whole stack end to end (DEMO_ARGS=--keep leaves it up)"
@@ -29,6 +29,7 @@ help:
 	@echo "make lint     ruff and mypy"
 	@echo "make bench    benchmarks against their peers, then one table of every figure (needs: aistack infra up; PROFILE=1: py-spy profiles into bench/out/)"
 	@echo "make gpu-check  every training strategy on this machine's GPUs (GPU=1 for TensorFlow's CUDA build)"
+	@echo "make docs     the documentation site (docs/, MkDocs) into site/; make docs-serve serves it while you edit"
 	@echo "make proto    regenerate shared/contracts from proto/"
 
 setup: system-deps venv proto jars bytecode
@@ -104,6 +105,14 @@ gpu-check: setup
 
 bench: setup
 	$(PY) -m bench.all $(if $(PROFILE),--profile)
+
+# The documentation site: docs/ into site/, strict (a broken link or a page
+# missing from the nav fails the build).
+docs: setup
+	$(VENV)/bin/mkdocs build --strict --quiet
+
+docs-serve: setup
+	$(VENV)/bin/mkdocs serve
 
 infra-up: setup
 	$(VENV)/bin/aistack infra up

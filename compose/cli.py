@@ -209,7 +209,8 @@ BROKERS_HELP = (
 )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The ``aistack`` command's parser: every subcommand and its options."""
     parser = argparse.ArgumentParser(
         prog="aistack", description="aistack: the event-driven ML platform"
     )
@@ -307,7 +308,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     models.add_parser(commands)
     predict.add_parser(commands)
     demo.add_parser(commands)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         return int(args.run(args))
     except AistackError as exc:

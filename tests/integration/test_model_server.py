@@ -492,7 +492,8 @@ def test_entity_features_come_from_the_online_store(
 
 
 def readme_prediction() -> str:
-    text = (ROOT / "README.md").read_text()
+    """The prediction svc_model's page shows (docs/services/model.md)."""
+    text = (ROOT / "docs" / "services" / "model.md").read_text()
     block = text.split("in five lines:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     assert len(block.strip().splitlines()) == 5
     return block
@@ -532,7 +533,7 @@ def test_python_m_svc_model_serves_and_stops_on_sigterm(
         assert predicted.returncode == 0, predicted.stderr
         assert "model cli version 1" in predicted.stdout
         assert "probabilities" in predicted.stdout
-        # The README's five lines, as a newcomer would paste them.
+        # The page's five lines, as a newcomer would paste them.
         snippet = readme_prediction().replace("localhost:8001", f"127.0.0.1:{port}")
         np.save(tmp_path / "digit.npy", ms.digits(1)[0])
         pasted = subprocess.run(

@@ -317,7 +317,7 @@ def test_every_way_a_users_code_fails_ends_as_a_failed_trial_and_the_trainers_se
         trial = by_case[case]
         assert trial.state in (api.TRIAL_STATE_FAILED, api.TRIAL_STATE_QUARANTINED), case
         assert any(said in error for error in trial.errors), (case, list(trial.errors))
-    # Retryable as the README's table says: only a crash may be the machine's.
+    # Retryable as docs/your-model.md's table says: only a crash may be the machine's.
     retryable = {
         case: {
             r.failed.retryable

@@ -1,5 +1,6 @@
-"""Every setting the code reads is a row of the README's settings table, and
-every row names a setting the code reads (no stale rows)."""
+"""Every setting the code reads is a row of the settings page's table
+(docs/settings.md), and every row names a setting the code reads (no stale
+rows)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,16 @@ import pytest
 from tests import settings_catalog
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+SETTINGS_PAGE = ROOT / "docs" / "settings.md"
 
 _NAME = re.compile(r"`([^`]+)`")
 
 
 def settings_section(text: str) -> str:
-    """The README between ``## Settings`` and the next ``## `` heading."""
-    match = re.search(r"^## Settings\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
+    """The page between its ``# Settings`` title and the next heading."""
+    match = re.search(r"^# Settings\n(.*?)(?=^#{1,2} |\Z)", text, re.MULTILINE | re.DOTALL)
     if match is None:
-        raise AssertionError("README.md has no '## Settings' section")
+        raise AssertionError("docs/settings.md has no '# Settings' title")
     return match.group(1)
 
 
@@ -83,7 +84,7 @@ def test_abbreviations_take_the_first_names_prefix(names: list[str], expected: l
 
 def test_the_table_is_read_only_between_its_heading_and_the_next() -> None:
     text = (
-        "## Settings\n\n| variable | default | what |\n| --- | --- | --- |\n"
+        "# Settings\n\n| variable | default | what |\n| --- | --- | --- |\n"
         "| `AISTACK_LOG_LEVEL` | `INFO` | levels |\n\n"
         "## Next\n\n| `AISTACK_NOT_HERE` | x | y |\n"
     )
@@ -107,16 +108,16 @@ def test_the_catalog_sees_every_kind_of_settings_class() -> None:
     }
 
 
-def test_every_setting_is_in_the_readme_table() -> None:
-    table = documented(README.read_text(), settings_catalog.env_prefixes())
+def test_every_setting_is_in_the_settings_table() -> None:
+    table = documented(SETTINGS_PAGE.read_text(), settings_catalog.env_prefixes())
     catalog = settings_catalog.settings()
     missing = sorted(set(catalog) - table)
-    assert not missing, "settings missing from README.md's settings table: " + ", ".join(
+    assert not missing, "settings missing from docs/settings.md's table: " + ", ".join(
         f"{name} ({catalog[name].owner.__name__}.{catalog[name].field})" for name in missing
     )
 
 
-def test_every_readme_row_is_a_real_setting() -> None:
-    table = documented(README.read_text(), settings_catalog.env_prefixes())
+def test_every_row_is_a_real_setting() -> None:
+    table = documented(SETTINGS_PAGE.read_text(), settings_catalog.env_prefixes())
     stale = sorted(table - settings_catalog.env_names())
-    assert not stale, "README.md's settings table names unknown settings: " + ", ".join(stale)
+    assert not stale, "docs/settings.md's table names unknown settings: " + ", ".join(stale)
