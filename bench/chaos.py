@@ -606,7 +606,7 @@ def run_chaos(
 ) -> ChaosResult:
     """The chaos on a running ``stack``: see the module's docstring."""
     from shared.contracts.aistack.v1 import tuner_service_pb2 as api
-    from svc_trainer.data import load as load_data
+    from svc_trainer.data.datasets import load as load_data
 
     run = uuid.uuid4().hex[:6]
     kinds = list(kinds or default_window_kinds())

@@ -53,9 +53,9 @@ def export_model(directory: Path) -> Exported:
     import torch
 
     from shared.artifacts import digest
-    from svc_trainer import data as datasets
     from svc_trainer.backends.torch import models as torch_models
     from svc_trainer.backends.torch import runner as torch_runner
+    from svc_trainer.data import datasets
     from svc_trainer.plan import Hyperparams
 
     data = datasets.load("digits", {})

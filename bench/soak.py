@@ -111,7 +111,7 @@ class Predictions:
 
         from shared.contracts.inference import grpc_predict_v2_pb2 as pb
         from shared.contracts.inference import grpc_predict_v2_pb2_grpc as pb_grpc
-        from svc_trainer.data import load
+        from svc_trainer.data.datasets import load
 
         x = np.asarray(load("digits", {}, seed=0).x_test[:1], dtype=np.float32)
         request = pb.ModelInferRequest(model_name="soak-digits")

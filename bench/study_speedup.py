@@ -149,7 +149,7 @@ def train_one(params: dict[str, Any], number: int) -> float:
     import torch
 
     from svc_trainer.backends.torch import runner as torch_runner
-    from svc_trainer.data import load
+    from svc_trainer.data.datasets import load
     from svc_trainer.plan import Hyperparams, RunSpec
 
     torch.set_num_threads(1)

@@ -55,8 +55,8 @@ def write_mnist_shaped(root: Path, train: int, test: int, seed: int = 0) -> Path
     """The four MNIST IDX files of learnable synthetic digits in ``root``."""
     import numpy as np
 
-    from svc_trainer.data import MNIST_FILES
-    from svc_trainer.idx import write_idx
+    from svc_trainer.data.datasets import MNIST_FILES
+    from svc_trainer.data.idx import write_idx
 
     rng = np.random.default_rng(seed)
     templates = (rng.random((10, 28, 28)) > 0.8).astype(np.float32) * 200.0
@@ -133,7 +133,7 @@ def _devices(strategy: str, device: str) -> str:
 def _run_one(framework: str, strategy: str, mnist: str, device: str, out: Any) -> None:
     """One strategy in this (fresh) process: (samples/s, "ok" or the failure)."""
     try:
-        from svc_trainer import data as datasets
+        from svc_trainer.data import datasets
 
         data = datasets.load("mnist", {"path": mnist})
         with tempfile.TemporaryDirectory(prefix="aistack-gpu-check-") as scratch:
@@ -176,8 +176,8 @@ def _plain_loop(mnist: str, device_name: str, out: Any) -> None:
     import torch
     from torch import nn
 
-    from svc_trainer import data as datasets
     from svc_trainer.backends.torch import models as torch_models
+    from svc_trainer.data import datasets
     from svc_trainer.plan import Hyperparams
 
     data = datasets.load("mnist", {"path": mnist})

@@ -51,7 +51,7 @@ BATCH = 128
 def bench_data() -> Any:
     import numpy as np
 
-    from svc_trainer import data as datasets
+    from svc_trainer.data import datasets
 
     base = datasets.load("digits", {})
     rng = np.random.default_rng(0)

@@ -129,7 +129,7 @@ def train_locally(params: dict[str, Any], number: int, table: str, report: Any) 
     import torch
 
     from aistack import local
-    from svc_trainer.data import load
+    from svc_trainer.data.datasets import load
     from svc_trainer.user_code.imports import resolve
     from svc_trainer.user_code.loop import dataset_view
 

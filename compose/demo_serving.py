@@ -44,7 +44,7 @@ class ServingStep:
     def _predict_digits(self, stub: Any, digits: StudyOutcome) -> None:
         import numpy as np
 
-        from svc_trainer.data import load
+        from svc_trainer.data.datasets import load
 
         name, best_value = digits.best.model_name, digits.best.value
         probe_x = np.zeros((1, 8, 8), dtype=np.float32)

@@ -116,7 +116,7 @@ def svc_fold_errors(folds: int) -> list[float]:
     import numpy as np
     from sklearn.svm import SVC
 
-    from svc_trainer.data import load
+    from svc_trainer.data.datasets import load
     from svc_trainer.evaluation import all_examples, stratified_folds
 
     x, y = all_examples(load("digits", {}, seed=0))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from shared.bus.producer import BusProducer
 from shared.bus.topics import ensure_topics
-from svc_trainer.executor import ExecutorPool, Limits
+from svc_trainer.executors.pool import ExecutorPool, Limits
 from svc_trainer.metrics import TrainerMetrics
 from svc_trainer.settings import TrainerSettings
 from svc_trainer.worker import SERVICE, Worker

@@ -332,7 +332,7 @@ class RunResult:
 
 @dataclass(frozen=True)
 class DataRequest:
-    """What a trial trains on (``svc_trainer.data.load``'s arguments)."""
+    """What a trial trains on (``svc_trainer.data.datasets.load``'s arguments)."""
 
     dataset: str
     options: Mapping[str, str] = field(default_factory=dict)

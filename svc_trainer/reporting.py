@@ -29,7 +29,7 @@ from shared.errors import Unavailable, UndecodableRecord
 from shared.log import get_logger
 from svc_trainer import trials
 from svc_trainer.background import InOrder
-from svc_trainer.executor import Executor, Failed, Finished, Job
+from svc_trainer.executors.pool import Executor, Failed, Finished, Job
 from svc_trainer.metrics import TrainerMetrics
 from svc_trainer.plan import DataLoaded, StopReason, TrialError
 from svc_trainer.settings import TrainerSettings

@@ -143,7 +143,7 @@ class TrainerSettings(ServiceSettings):
     def trial_memory_limit_bytes(self) -> int:
         if self.trial_memory_limit_mb:
             return self.trial_memory_limit_mb << 20
-        from svc_trainer.memory import machine_bytes
+        from svc_trainer.executors.memory import machine_bytes
 
         return machine_bytes() * 3 // 4
 

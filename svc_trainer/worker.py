@@ -57,9 +57,10 @@ from shared.bus.loop import DeadLetters, Publisher
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import UndecodableRecord
 from shared.log import get_logger
-from svc_trainer import memory, trials
+from svc_trainer import trials
 from svc_trainer.background import Uploads
-from svc_trainer.executor import (
+from svc_trainer.executors import memory
+from svc_trainer.executors.pool import (
     Epoch,
     Event,
     Executor,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from aistack.trial import Dataset
-from svc_trainer.dataset_options import (
+from svc_trainer.data.options import (
     BAD_DATASET,
     VERSION_CHARS,
     digest_arrays,

@@ -35,7 +35,7 @@ from shared.feature_store import ONLINE_KEY_PREFIX, decode_window, online_key
 from shared.redis_client import make_redis
 from shared.rpc.client import open_sync_channel
 from shared.settings import KafkaSettings
-from svc_trainer.data import load
+from svc_trainer.data.datasets import load
 from tests.integration.test_stack import settings_on_free_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]

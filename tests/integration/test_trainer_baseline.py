@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from shared import model_loading
 from shared.contracts.aistack.v1 import models_pb2, tuning_pb2
 from shared.objective import BASELINE_VERSION
-from svc_trainer.data import load
+from svc_trainer.data.datasets import load
 from tests.infra import Infra
 from tests.integration.trainer_service import Stack, model_ready, trial_request
 from tests.unit.test_trainer_data import series, write_store

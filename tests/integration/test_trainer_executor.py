@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from svc_trainer.executor import (
+from svc_trainer.executors.pool import (
     Epoch,
     Event,
     Executor,

@@ -22,11 +22,11 @@ from google.protobuf import json_format
 from shared.artifacts import digest
 from shared.model_loading import load
 from shared.settings import SparkSettings
-from svc_trainer import data as datasets
 from svc_trainer import trials
 from svc_trainer.backends import spark_launch
 from svc_trainer.backends.torch import runner as torch_runner
 from svc_trainer.backends.torch.loop import CHECKPOINT_FILE
+from svc_trainer.data import datasets
 from svc_trainer.plan import DataSplits, RunResult, RunSpec, StopReason, TrialError
 from tests.integration.trainer_service import trial_request
 from tests.integration.trainer_support import RecordingChannel, digits_splits, run_spec

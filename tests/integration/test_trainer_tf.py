@@ -44,7 +44,7 @@ FRESH_PROCESS_TIMEOUT_S = 240
 
 
 def digits() -> DataSplits:
-    """digits in an 80/10/10 split: more to train on than svc_trainer.data's 60/20/20."""
+    """digits in an 80/10/10 split: more to train on than svc_trainer.data.datasets's 60/20/20."""
     return digits_splits(held_out=0.2)
 
 

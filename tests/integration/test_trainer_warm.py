@@ -172,7 +172,7 @@ def test_sigterm_during_a_warm_run_hands_back_and_leaves_no_process(
 
 
 def test_a_refit_trains_on_training_and_validation_data(warm: Stack) -> None:
-    from svc_trainer.data import load
+    from svc_trainer.data.datasets import load
 
     splits = load("digits", {}, seed=0)
     plain = trial_request(f"plain-{uuid.uuid4().hex[:8]}", 0, epochs=1)

@@ -26,7 +26,7 @@ SMALL = Hyperparams(filters=8, units=32, batch_size=64, learning_rate=3e-3)
 
 def digits_splits(limit: int | None = None, *, held_out: float = 0.4) -> DataSplits:
     """Stratified: ``held_out`` of the rows split evenly into validation and
-    test (0.4: svc_trainer.data's 60/20/20), the rest for training."""
+    test (0.4: svc_trainer.data.datasets's 60/20/20), the rest for training."""
     bunch = load_digits()
     x = (bunch.images / 16.0).astype(np.float32)
     y = bunch.target.astype(np.int64)

@@ -21,10 +21,10 @@ from numpy.typing import NDArray
 from shared.contracts.aistack.v1 import models_pb2
 from shared.distribution import LEVELS
 from shared.feature_store import FEATURE_STATS, OFFLINE_COLUMNS, partition_path
-from svc_trainer.data import cache_key, load
+from svc_trainer.data.datasets import cache_key, load
+from svc_trainer.data.features import feature_names, load_features
+from svc_trainer.data.idx import read_idx, write_idx
 from svc_trainer.evaluation import prepare
-from svc_trainer.feature_data import feature_names, load_features
-from svc_trainer.idx import read_idx, write_idx
 from svc_trainer.plan import TASK_CLASSIFICATION, TASK_REGRESSION, DataSplits, TrialError
 
 # -- IDX --------------------------------------------------------------------------------

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from shared.artifacts import ArtifactStore
-from svc_trainer import data, evaluation
+from svc_trainer import evaluation
 from svc_trainer.background import InOrder, Uploads
-from svc_trainer.executor import Idle, Limits, replacement_reason
+from svc_trainer.data import datasets as data
+from svc_trainer.executors.pool import Idle, Limits, replacement_reason
 from svc_trainer.plan import (
     TASK_CLASSIFICATION,
     Channel,

@@ -1,4 +1,4 @@
-"""What a trial's processes hold (``svc_trainer.memory``): a process and every
+"""What a trial's processes hold (``svc_trainer.executors.memory``): a process and every
 process under it, shared pages counted once."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from svc_trainer import memory
+from svc_trainer.executors import memory
 
 
 def test_a_process_tree_is_found_and_its_memory_summed() -> None:

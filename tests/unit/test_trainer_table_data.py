@@ -1,4 +1,4 @@
-"""The ``table`` dataset (``svc_trainer.table_data``): a user's Parquet or
+"""The ``table`` dataset (``svc_trainer.data.tables``): a user's Parquet or
 CSV table, by file, directory, glob or fsspec URL, named columns, a label,
 classification or regression, seeded or column splits."""
 
@@ -12,7 +12,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from svc_trainer import data as datasets
+from svc_trainer.data import datasets
 from svc_trainer.plan import TASK_CLASSIFICATION, TASK_REGRESSION, DataSplits, TrialError
 
 

@@ -81,10 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # ranks with it only this way.
     die_with_parent()
 
-    from svc_trainer import data as datasets
     from svc_trainer.backends.torch import ddp as torch_ddp
     from svc_trainer.backends.torch import runner as torch_runner
     from svc_trainer.backends.torch import user_loop
+    from svc_trainer.data import datasets
     from svc_trainer.user_code.packages import put_on_path
 
     request = json_format.Parse(args.trial.read_text(), tuning_pb2.TrialRequested())

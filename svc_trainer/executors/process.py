@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from shared.log import configure_logging, get_logger
-from svc_trainer.executor_events import (
+from svc_trainer.executors.events import (
     Epoch,
     Failed,
     Finished,
@@ -61,7 +61,7 @@ class _DataCache:
         self._entries: OrderedDict[tuple[str, ...], DataSplits] = OrderedDict()
 
     def get(self, request: DataRequest) -> tuple[DataSplits, bool]:
-        from svc_trainer import data as datasets
+        from svc_trainer.data import datasets
 
         key = datasets.cache_key(
             request.dataset, request.options, seed=request.seed, features_path=request.features_path

@@ -40,7 +40,7 @@ from shared.feature_store import (
     online_field,
 )
 from shared.offline_store import Windows
-from svc_trainer.dataset_options import BAD_DATASET, VERSION_CHARS, int_option
+from svc_trainer.data.options import BAD_DATASET, VERSION_CHARS, int_option
 from svc_trainer.plan import TASK_REGRESSION, DataSplits, TrialError
 
 DEFAULT_LAGS = 3

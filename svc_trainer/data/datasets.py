@@ -6,8 +6,8 @@ and the user's loaders:
 * ``digits``: scikit-learn's 8x8 digits (shipped with scikit-learn, no download).
 * ``mnist``: the four standard IDX files in ``options["path"]``.
 * ``features``: next-window forecasting on svc_transform's Parquet offline store
-  (``svc_trainer.feature_data``).
-* ``table``: a user's Parquet or CSV table (``svc_trainer.table_data``).
+  (``svc_trainer.data.features``).
+* ``table``: a user's Parquet or CSV table (``svc_trainer.data.tables``).
 * ``package.module:function``: a loader of the user's
   (``svc_trainer.user_code.loaders``).
 * ``""``: no data, for a training loop of the user's that reads its own.
@@ -29,8 +29,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shared import code_refs
-from svc_trainer import table_data
-from svc_trainer.dataset_options import (
+from svc_trainer.data import tables as table_data
+from svc_trainer.data.features import load_features
+from svc_trainer.data.idx import read_idx
+from svc_trainer.data.options import (
     BAD_DATASET,
     VERSION_CHARS,
     digest_arrays,
@@ -38,8 +40,6 @@ from svc_trainer.dataset_options import (
     int_option,
     stratified_split,
 )
-from svc_trainer.feature_data import load_features
-from svc_trainer.idx import read_idx
 from svc_trainer.plan import TASK_CLASSIFICATION, DataSplits, TrialError
 
 DATASETS = ("digits", "mnist", "features", "table")

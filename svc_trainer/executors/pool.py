@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.log import get_logger
-from svc_trainer.executor_events import (
+from svc_trainer.executors.events import (
     Epoch,
     Event,
     Failed,
@@ -56,7 +56,7 @@ from svc_trainer.executor_events import (
     Started,
     UseCode,
 )
-from svc_trainer.executor_process import executor_main
+from svc_trainer.executors.process import executor_main
 from svc_trainer.plan import CodeRef, DataLoaded, StopReason, TrialError
 
 log = get_logger("svc_trainer")
