@@ -2,7 +2,9 @@
 services; a service imports ``shared``, the public package ``aistack`` (the
 API user code sees, which svc_trainer implements) and itself, never another
 service, ``compose``, ``loadgen``, ``bench`` or the tests; ``aistack``
-imports ``shared`` and itself; ``shared`` imports only itself."""
+imports ``shared`` and itself; ``shared`` imports only itself. Outside a
+service, the launcher and the command reach only its settings and its
+declared entry points, never its insides (``KNOWN``: what is still to move)."""
 
 from __future__ import annotations
 
@@ -50,3 +52,57 @@ def test_a_package_imports_only_shared_and_itself(package: str) -> None:
 def test_the_services_are_found() -> None:
     expected = {"svc_ingest", "svc_transform", "svc_tuner", "svc_trainer", "svc_model", "svc_score"}
     assert expected <= set(SERVICES)
+
+
+#: What a service offers the launcher and the command beyond its process
+#: (``python -m svc_X``): its settings, and where the ``aistack`` command runs
+#: a service's work in its own process, that entry point.
+PUBLIC = {
+    "svc_score": {"app", "settings"},  # aistack score runs the Spark job in-process
+    "svc_transform": {"jars", "settings"},  # aistack infra fetch builds its JVM functions
+}
+#: Insides still reached from outside, each to be moved behind the public
+#: client or the shared readers (issue 34, item 3): the demo's k-fold
+#: comparison loads the digits and folds them as the trainer does.
+KNOWN = {
+    "compose/kfold.py": {"svc_trainer.data.datasets", "svc_trainer.evaluation"},
+    "compose/demo_serving.py": {"svc_trainer.data.datasets"},  # the held-out digits
+}
+
+
+def service_imports(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` → the service modules (``svc_X.a.b``) it imports."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if "." in node.module:
+                    names.add(node.module)
+                else:  # from svc_x import a_module
+                    names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        found[str(path.relative_to(ROOT))] = {n for n in names if n.startswith("svc_")}
+    return found
+
+
+def test_outside_a_service_only_its_public_modules_are_imported() -> None:
+    """The launcher and the command (``compose``) and the public package
+    (``aistack``) reach a service through its settings and the entry points
+    in ``PUBLIC``; never its insides. Benchmarks and tests measure insides:
+    not held to it."""
+    reached: dict[str, set[str]] = {}
+    for package in ("compose", "aistack"):
+        for module, names in service_imports(package).items():
+            inside = set()
+            for name in names:
+                service, _, rest = name.partition(".")
+                first = rest.split(".")[0]
+                if first and first != "settings" and first not in PUBLIC.get(service, set()):
+                    inside.add(name)
+            if inside:
+                reached[module] = inside
+    assert reached == KNOWN
