@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import sys
+from typing import TYPE_CHECKING
 
-from shared.errors import AistackError, ConfigError
-from shared.log import configure_logging, get_logger
+from shared.log import get_logger
 from shared.metrics import serve_metrics
-from shared.settings import load_settings
+from shared.service_main import run
+
+if TYPE_CHECKING:
+    from svc_ingest.settings import IngestSettings
 
 # glibc's mallopt parameter for the most malloc arenas a process keeps.
 _M_ARENA_MAX = -8
@@ -37,32 +39,22 @@ def limit_malloc_arenas(arenas: int) -> bool:
 def main() -> int:
     from svc_ingest.settings import IngestSettings
 
-    try:
-        settings = load_settings(IngestSettings)
-    except ConfigError as exc:
-        print(f"svc_ingest: {exc}", file=sys.stderr)
-        return 2
-    configure_logging("svc_ingest", settings.common.log_level, settings.common.log_format)
+    return run("svc_ingest", IngestSettings, serve)
+
+
+def serve(settings: IngestSettings) -> int:
     log = get_logger("svc_ingest")
     limit_malloc_arenas(MALLOC_ARENAS)  # before any thread starts
 
     import faust
     import uvloop
 
-    try:
-        # faust_compat refuses a Faust it was not written for, in one line.
-        from svc_ingest.app import create_app, mark_clean_shutdown, prepare_state, prepare_topics
-    except ConfigError as exc:
-        print(f"svc_ingest: {exc}", file=sys.stderr)
-        return 2
+    # faust_compat refuses a Faust it was not written for, in one line (a ConfigError).
+    from svc_ingest.app import create_app, mark_clean_shutdown, prepare_state, prepare_topics
     from svc_ingest.metrics import IngestMetrics
 
     uvloop.install()
-    try:
-        partitions = prepare_topics(settings)
-    except AistackError as exc:
-        print(f"svc_ingest: {exc}", file=sys.stderr)
-        return 1
+    partitions = prepare_topics(settings)
     if prepare_state(settings):
         log.warning(
             "state.rebuilding", why="no clean shutdown: local state comes from the changelog"

@@ -14,10 +14,9 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from shared.errors import AistackError, ConfigError
-from shared.log import configure_logging, get_logger
+from shared.log import get_logger
 from shared.metrics import serve_metrics
-from shared.settings import load_settings
+from shared.service_main import run
 from svc_model.settings import ModelSettings
 
 if TYPE_CHECKING:
@@ -25,21 +24,15 @@ if TYPE_CHECKING:
 
 
 def main() -> int:
-    try:
-        settings = load_settings(ModelSettings)
-    except ConfigError as exc:
-        print(f"svc_model: {exc}", file=sys.stderr)
-        return 2
-    configure_logging("svc_model", settings.common.log_level, settings.common.log_format)
+    return run("svc_model", ModelSettings, _serve)
+
+
+def _serve(settings: ModelSettings) -> int:
     # TensorFlow and torch's compiler (Triton) each carry an LLVM; loaded into
     # one process in the other order they abort. torch's first, then TF.
     with contextlib.suppress(ImportError):
         import triton  # noqa: F401
-    try:
-        return asyncio.run(serve(settings))
-    except AistackError as exc:
-        print(f"svc_model: {exc}", file=sys.stderr)
-        return 1
+    return asyncio.run(serve(settings))
 
 
 async def serve(settings: ModelSettings) -> int:

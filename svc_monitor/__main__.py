@@ -10,37 +10,15 @@ polls and exits 0.
 
 from __future__ import annotations
 
-import signal
-import sys
 import threading
-from types import FrameType
 
-from shared.errors import AistackError, ConfigError
-from shared.log import configure_logging
 from shared.metrics import serve_metrics
-from shared.settings import load_settings
+from shared.service_main import run, stop_on_signals
 from svc_monitor.settings import MonitorSettings
 
 
 def main() -> int:
-    try:
-        settings = load_settings(MonitorSettings)
-    except ConfigError as exc:
-        print(f"svc_monitor: {exc}", file=sys.stderr)
-        return 2
-    configure_logging("svc_monitor", settings.common.log_level, settings.common.log_format)
-    stopping = threading.Event()
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        stopping.set()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, stop)
-    try:
-        return serve(settings, stopping)
-    except AistackError as exc:
-        print(f"svc_monitor: {exc}", file=sys.stderr)
-        return 1
+    return run("svc_monitor", MonitorSettings, lambda settings: serve(settings, stop_on_signals()))
 
 
 def serve(settings: MonitorSettings, stopping: threading.Event) -> int:

@@ -6,51 +6,38 @@ restart resumes from the checkpoints.
 
 from __future__ import annotations
 
-import signal
-import sys
-from types import FrameType
+from typing import TYPE_CHECKING
 
-from shared.errors import AistackError, ConfigError
-from shared.log import configure_logging, get_logger
+from shared.log import get_logger
 from shared.metrics import serve_metrics
-from shared.settings import load_settings
+from shared.service_main import run, stop_on_signals
+
+if TYPE_CHECKING:
+    from svc_transform.settings import TransformSettings
 
 
 def main() -> int:
     from svc_transform.settings import TransformSettings
 
-    try:
-        settings = load_settings(TransformSettings)
-    except ConfigError as exc:
-        print(f"svc_transform: {exc}", file=sys.stderr)
-        return 2
-    configure_logging("svc_transform", settings.common.log_level, settings.common.log_format)
-    log = get_logger("svc_transform")
+    return run("svc_transform", TransformSettings, serve)
 
+
+def serve(settings: TransformSettings) -> int:
     from svc_transform.app import TransformApp
     from svc_transform.metrics import TransformMetrics
 
-    try:
-        app = TransformApp.prepare(settings)
-    except AistackError as exc:
-        print(f"svc_transform: {exc}", file=sys.stderr)
-        return 1
+    log = get_logger("svc_transform")
+    app = TransformApp.prepare(settings)
     metrics = TransformMetrics.create()
     serve_metrics(settings.metrics_port, settings.common.metrics_host)
-    stopping: list[int] = []
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stopping.append(signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stopping = stop_on_signals()
     running = app.start(metrics)
     try:
-        while not stopping:
+        while not stopping.is_set():
             if running.await_any(1):
                 break  # a query ended on its own: its error is raised above
     finally:
-        log.info("transform.stopping", signal=stopping[0] if stopping else None)
+        log.info("transform.stopping", signalled=stopping.is_set())
         app.stop()
     log.info("transform.stopped")
     return 0

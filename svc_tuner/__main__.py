@@ -10,27 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 
-from shared.errors import AistackError, ConfigError
-from shared.log import configure_logging
 from shared.metrics import serve_metrics
-from shared.settings import load_settings
+from shared.service_main import run
 from svc_tuner.settings import TunerSettings
 
 
 def main() -> int:
-    try:
-        settings = load_settings(TunerSettings)
-    except ConfigError as exc:
-        print(f"svc_tuner: {exc}", file=sys.stderr)
-        return 2
-    configure_logging("svc_tuner", settings.common.log_level, settings.common.log_format)
-    try:
-        return asyncio.run(serve(settings))
-    except AistackError as exc:
-        print(f"svc_tuner: {exc}", file=sys.stderr)
-        return 1
+    return run("svc_tuner", TunerSettings, lambda settings: asyncio.run(serve(settings)))
 
 
 async def serve(settings: TunerSettings) -> int:
