@@ -260,6 +260,13 @@ class CodeRef:
     directory: str
 
 
+#: How a multi-process trial's processes start (``task.options``): "local"
+#: (the default: on this node) or "spark" (as Spark barrier tasks: a torch
+#: ``ddp`` trial's ranks, ``backends.torch.spark``; a tensorflow
+#: ``multi_worker_mirrored`` trial's workers, ``backends.tensorflow.spark``).
+LAUNCHER_OPTION = "launcher"
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything a runner needs for one attempt of one trial."""
@@ -311,6 +318,13 @@ class RunSpec:
     entrypoint: str = ""
     params: Mapping[str, ParamScalar] = field(default_factory=dict)
     code: CodeRef | None = None
+
+    @property
+    def launcher(self) -> str:
+        """How a multi-process run's processes start: "local" or "spark"
+        (``options["launcher"]``), checked where the spec is built
+        (``svc_trainer.trials.run_spec``): the backends read it as it is."""
+        return self.options.get(LAUNCHER_OPTION, "") or "local"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from shared.objective import BASELINE_VERSION, REFIT, VERSION_OFFSET, is_refit
 from shared.settings import SparkSettings
 from svc_trainer import evaluation
 from svc_trainer.plan import (
+    LAUNCHER_OPTION,
     DataLoaded,
     DataRequest,
     Hyperparams,
@@ -57,19 +58,16 @@ def params(request: tuning_pb2.TrialRequested) -> dict[str, ParamScalar]:
 FRAMEWORK_PARAM = "framework"
 
 
-#: How a multi-process trial's processes start (``task.options``): "local"
-#: (the default: on this node) or "spark" (as Spark barrier tasks: a torch
-#: ``ddp`` trial's ranks, ``backends.torch.spark``; a tensorflow
-#: ``multi_worker_mirrored`` trial's workers, ``backends.tensorflow.spark``).
-LAUNCHER_OPTION = "launcher"
+#: The launchers (``RunSpec.launcher``, ``LAUNCHER_OPTION``).
 LAUNCHERS = ("local", "spark")
 ON_SPARK = (("torch", "ddp"), ("tensorflow", "multi_worker_mirrored"))
 
 
 def launcher(spec: RunSpec) -> str:
-    """The launcher ``spec`` asks for; TrialError (invalid_params) for an
-    unknown one, or "spark" on a trial Spark does not launch (``ON_SPARK``)."""
-    name = spec.options.get(LAUNCHER_OPTION, "") or "local"
+    """The launcher ``spec`` asks for, checked (``run_spec`` checks every
+    spec it builds); TrialError (invalid_params) for an unknown one, or
+    "spark" on a trial Spark does not launch (``ON_SPARK``)."""
+    name = spec.launcher
     if name not in LAUNCHERS:
         raise TrialError(
             f'options["{LAUNCHER_OPTION}"]={name!r}: expected one of {", ".join(LAUNCHERS)}',

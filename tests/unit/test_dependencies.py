@@ -106,3 +106,28 @@ def test_outside_a_service_only_its_public_modules_are_imported() -> None:
             if inside:
                 reached[module] = inside
     assert reached == KNOWN
+
+
+#: What svc_trainer's framework code may import of svc_trainer: the plan
+#: (the runners' interface and the run spec), the user's code, the process
+#: lifetime, and the backends themselves.
+BACKEND_DEPENDENCIES = ("svc_trainer.plan", "svc_trainer.user_code", "svc_trainer.lifetime")
+#: A torchrun rank's entry point builds its own run spec, as the worker does.
+ENTRY_POINTS = {"svc_trainer/backends/torch/torchrun.py"}
+
+
+def test_the_framework_code_depends_on_the_plan_alone() -> None:
+    wrong = {}
+    for path, names in service_imports("svc_trainer/backends").items():
+        if path in ENTRY_POINTS:
+            continue
+        outside = {
+            name
+            for name in names
+            if name.startswith("svc_trainer")
+            and not name.startswith("svc_trainer.backends")
+            and not name.startswith(BACKEND_DEPENDENCIES)
+        }
+        if outside:
+            wrong[path] = sorted(outside)
+    assert wrong == {}

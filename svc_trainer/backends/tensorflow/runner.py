@@ -52,7 +52,6 @@ from typing import Any
 import numpy as np
 
 from shared.log import get_logger
-from svc_trainer import trials
 from svc_trainer.backends.tensorflow.cluster import LocalCluster, Role
 from svc_trainer.backends.tensorflow.custom_loop import train_custom
 from svc_trainer.backends.tensorflow.devices import configure, distribution
@@ -94,7 +93,7 @@ def run(spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
     tasks (``spark``)."""
     put_on_path(spec.code)  # an executor of the package has it already
     strategy = strategy_of(spec)
-    if strategy == MULTI_WORKER and trials.launcher(spec) == "spark":
+    if strategy == MULTI_WORKER and spec.launcher == "spark":
         from svc_trainer.backends.tensorflow.spark import mwms_on_spark
 
         check(spec, data)
@@ -247,7 +246,7 @@ class TensorFlowRunner:
 
         try:
             strategy = strategy_of(spec)
-            on_spark = trials.launcher(spec) == "spark"
+            on_spark = spec.launcher == "spark"
         except TrialError:
             return False  # the run refuses it with its reason
         if on_spark:

@@ -42,7 +42,6 @@ import torch
 from torch import nn
 
 from shared.artifacts import TORCH_EXPORT_FILE
-from svc_trainer import trials
 from svc_trainer.backends.torch import models as torch_models
 from svc_trainer.backends.torch.ddp import ddp
 from svc_trainer.backends.torch.devices import TwoStage, device_for, two_devices
@@ -82,7 +81,7 @@ def train(spec: RunSpec, data: DataSplits, channel: Channel) -> tuple[RunResult,
     torch.manual_seed(spec.seed)
     model = check(spec, data)
     strategy = strategy_of(spec)
-    launcher = trials.launcher(spec)  # "spark" is refused for all but ddp
+    launcher = spec.launcher  # run_spec refuses "spark" for all but ddp
     if spec.threads > 0:
         torch.set_num_threads(spec.threads)
     if strategy == "ddp" and launcher == "spark":

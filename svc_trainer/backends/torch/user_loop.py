@@ -38,7 +38,6 @@ from aistack.torch import TorchContext
 from aistack.torch import export as export_model
 from aistack.trial import ExportFailed, ExportRequest
 from shared.ports import free_port
-from svc_trainer import trials
 from svc_trainer.backends.launch import LocalGroup
 from svc_trainer.backends.torch.ddp import (
     RANKS_EXIT_TIMEOUT_S,
@@ -87,7 +86,7 @@ def run(spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:
         )
     put_on_path(spec.code)
     resolve(spec.entrypoint, "task.entrypoint")  # before any rank starts
-    if strategy == "ddp" and trials.launcher(spec) == "spark":
+    if strategy == "ddp" and spec.launcher == "spark":
         from svc_trainer.backends.torch.spark import user_loop_on_spark
 
         return user_loop_on_spark(spec, data, channel)
