@@ -1,7 +1,7 @@
 """The model registry, read from the log that is it: ``aistack.models.ready``
 (compacted, one record per model name and version). Every reader of that
-log answers from here: the model server, the drift monitor, batch scoring,
-the client and the ``aistack`` command.
+log takes its rules from here: the model server, the drift monitor, batch
+scoring, the client and the ``aistack`` command.
 
 ``Registry`` holds what the log says: each model's versions (the last event
 of a version wins; an event naming no model, or a version that is not a

@@ -243,7 +243,6 @@ def superseded(files: Sequence[str]) -> dict[str, list[int]]:
     ``window_start``, and whenever no two batches of a metric and window kind
     hold windows starting in overlapping spans (the usual store: each batch
     closes later windows), which each file's window starts alone show."""
-    import pyarrow.parquet as pq
 
     pa, ds = _arrow()
     try:
@@ -257,11 +256,7 @@ def superseded(files: Sequence[str]) -> dict[str, list[int]]:
         keys = ds.get_partition_keys(fragment.partition_expression)
         if keys.get("batch") is None or "window_start" not in fragment.physical_schema.names:
             continue
-        starts = _micros(
-            pq.read_table(
-                fragment.path, columns=["window_start"], coerce_int96_timestamp_unit="us"
-            )["window_start"]
-        )
+        starts = _micros(fragment.to_table(columns=["window_start"])["window_start"])
         if len(starts):
             group = (keys.get("metric"), keys.get("window"))
             low, high = int(starts.min()), int(starts.max())

@@ -18,8 +18,9 @@ OURS = {"shared", "aistack", "compose", "loadgen", "bench", "tests"}
 SERVICES = sorted(p.name for p in ROOT.glob("svc_*") if (p / "__init__.py").is_file())
 
 
-def imported_packages(package: str) -> dict[str, set[str]]:
-    """Each module of ``package`` (by path) → the top-level packages of ours it imports."""
+def imported_modules(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` (by path) → the modules it imports, dotted
+    (``from pkg import name`` of a top-level package as ``pkg.name``)."""
     found: dict[str, set[str]] = {}
     for path in sorted((ROOT / package).rglob("*.py")):
         if "__pycache__" in path.parts:
@@ -27,12 +28,26 @@ def imported_packages(package: str) -> dict[str, set[str]]:
         names: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
-                names.update(alias.name.split(".")[0] for alias in node.names)
+                names.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names.add(node.module.split(".")[0])
-        ours = {name for name in names if name in OURS or name.startswith("svc_")}
-        found[str(path.relative_to(ROOT))] = ours
+                if "." in node.module:
+                    names.add(node.module)
+                else:  # from svc_x import a_module
+                    names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        found[str(path.relative_to(ROOT))] = names
     return found
+
+
+def imported_packages(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` (by path) → the top-level packages of ours it imports."""
+    return {
+        module: {
+            top
+            for top in (name.split(".")[0] for name in names)
+            if top in OURS or top.startswith("svc_")
+        }
+        for module, names in imported_modules(package).items()
+    }
 
 
 ALLOWED = {"shared": {"shared"}, "aistack": {"shared", "aistack"}}
@@ -72,21 +87,10 @@ KNOWN = {
 
 def service_imports(package: str) -> dict[str, set[str]]:
     """Each module of ``package`` → the service modules (``svc_X.a.b``) it imports."""
-    found: dict[str, set[str]] = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        if "__pycache__" in path.parts:
-            continue
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                if "." in node.module:
-                    names.add(node.module)
-                else:  # from svc_x import a_module
-                    names.update(f"{node.module}.{alias.name}" for alias in node.names)
-        found[str(path.relative_to(ROOT))] = {n for n in names if n.startswith("svc_")}
-    return found
+    return {
+        module: {name for name in names if name.startswith("svc_")}
+        for module, names in imported_modules(package).items()
+    }
 
 
 def test_outside_a_service_only_its_public_modules_are_imported() -> None:
