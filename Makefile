@@ -67,7 +67,7 @@ venv: | $(UV)
 	@UV_PYTHON_DOWNLOADS=never $(UV) sync --quiet --frozen --compile-bytecode --python $(PYTHON) $(addprefix --extra ,$(EXTRAS))
 
 bytecode: proto
-	@$(PY) -m compileall -q -j 0 shared aistack compose loadgen bench $(wildcard svc_*)
+	@$(PY) -m compileall -q -j 0 shared aistack compose demo loadgen bench $(wildcard svc_*)
 
 proto: $(STAMPS)/proto
 
@@ -96,7 +96,7 @@ test-integration: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy shared aistack compose loadgen svc_ingest svc_transform svc_tuner svc_trainer svc_model svc_score svc_monitor bench
+	$(VENV)/bin/mypy shared aistack compose demo loadgen svc_ingest svc_transform svc_tuner svc_trainer svc_model svc_score svc_monitor bench
 
 # Every strategy on the GPUs, and the trainer against a plain loop; on a
 # machine without a GPU it says so and exits 0.

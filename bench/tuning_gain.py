@@ -34,8 +34,8 @@ from aistack.studies import describe_trial, load_spec
 from bench import profiling
 from bench.harness import ROOT, print_ratio
 from bench.services import Trainers, TunerUnderTest
-from compose import kfold
-from compose.study import cross_validation_spec, fold_errors
+from demo import kfold
+from demo.kfold import cross_validation_spec, study_fold_errors
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 from shared.rpc.client import open_channel
@@ -72,7 +72,7 @@ async def tune_and_cross_validate(
         for cv in cross.values():
             await _until_done(stub, cv.name)
             listed = await stub.ListTrials(api.ListTrialsRequest(study_id=cv.name))
-            errors.append(fold_errors(listed.trials, folds))
+            errors.append(study_fold_errors(listed.trials, folds))
         return errors[0], errors[1]
 
 

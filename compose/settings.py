@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -15,12 +15,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from shared.settings import CommonSettings
 
 
-def apply_infra_flags(args: Any) -> None:
+def apply_infra_flags(brokers: int | None, secure: bool) -> None:
     """A command's ``--brokers N`` is ``AISTACK_INFRA_BROKERS=N`` and its
     ``--secure`` ``AISTACK_INFRA_SECURE=true``, for the command and all it starts."""
-    if getattr(args, "brokers", None) is not None:
-        os.environ["AISTACK_INFRA_BROKERS"] = str(args.brokers)
-    if getattr(args, "secure", None):
+    if brokers is not None:
+        os.environ["AISTACK_INFRA_BROKERS"] = str(brokers)
+    if secure:
         os.environ["AISTACK_INFRA_SECURE"] = "true"
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 from loadgen.plan import FORMATS, generate
 from loadgen.records import RawRecord
@@ -101,6 +100,20 @@ def send(
 
 
 @dataclass(frozen=True)
+class Given:
+    """``aistack produce``'s arguments as typed: strings, checked by ``options``."""
+
+    kind: str
+    rate: str | None
+    count: str | None
+    bad_fraction: str
+    duplicate_fraction: str
+    format: str
+    seed: str | None
+    topic: str | None
+
+
+@dataclass(frozen=True)
 class Options:
     kind: Literal["sensors", "weblogs"]
     count: int
@@ -112,15 +125,15 @@ class Options:
     topic: str
 
 
-def options(args: argparse.Namespace) -> Options:
+def options(args: Given) -> Options:
     """Checked options from the parsed command line; raises InvalidArgument.
 
-    Values are checked here rather than by argparse so that every bad value
-    is one line, like every other aistack error.
+    Values are checked here rather than by the command line's parser so that
+    every bad value is one line, like every other aistack error.
     """
-    kind = args.kind
-    if kind not in ("sensors", "weblogs"):
-        raise InvalidArgument(f"produce: kind must be sensors or weblogs, got {kind!r}")
+    if args.kind not in ("sensors", "weblogs"):
+        raise InvalidArgument(f"produce: kind must be sensors or weblogs, got {args.kind!r}")
+    kind = cast(Literal["sensors", "weblogs"], args.kind)
     if args.format not in FORMATS:
         raise InvalidArgument(
             f"produce: --format must be one of {', '.join(FORMATS)}, got {args.format!r}"
@@ -168,7 +181,7 @@ def _given(given: str | None, name: str) -> str:
     return given
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: Given) -> int:
     """The ``aistack produce`` handler: generate, then publish; 130 if interrupted."""
     opts = options(args)
     # Generated before connecting: bad arguments never touch the broker.

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shared import splits
 from shared.objective import is_refit
 from svc_trainer.plan import (
     TASK_CLASSIFICATION,
@@ -110,25 +111,12 @@ def all_examples(data: DataSplits) -> tuple[NDArray[np.float32], NDArray[Any]]:
 
 
 def stratified_folds(y: NDArray[Any], folds: int, seed: int = 0) -> list[NDArray[np.intp]]:
-    """The held-out row indices of each fold, ascending. Every row is in
-    exactly one fold; each class is dealt round-robin over the folds (after a
-    seeded shuffle), so every fold holds each class to within one row and the
-    fold sizes differ by at most one. A pure function of ``y``, ``folds`` and
-    ``seed``."""
-    if not 2 <= folds <= len(y):
-        raise TrialError(
-            f"{folds} folds for {len(y)} examples: expected 2..{len(y)}", reason="invalid_params"
-        )
-    rng = np.random.default_rng(seed)
-    members: list[list[int]] = [[] for _ in range(folds)]
-    dealt = 0
-    for label in np.unique(y):
-        rows = rng.permutation(np.flatnonzero(y == label))
-        for position, row in enumerate(rows):
-            members[(dealt + position) % folds].append(int(row))
-        # The next class continues the deal, so fold sizes stay within one.
-        dealt += len(rows)
-    return [np.sort(np.asarray(rows, dtype=np.intp)) for rows in members]
+    """``shared.splits.stratified_folds``: the held-out rows of each fold, the
+    same for every trainer and for anything compared against them."""
+    try:
+        return splits.stratified_folds(y, folds, seed)
+    except ValueError as exc:
+        raise TrialError(str(exc), reason="invalid_params") from exc
 
 
 def run(runner: Runner, spec: RunSpec, data: DataSplits, channel: Channel) -> RunResult:

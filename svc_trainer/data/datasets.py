@@ -3,7 +3,8 @@
 ``load(dataset, options, seed=..., features_path=...)`` knows four datasets
 and the user's loaders:
 
-* ``digits``: scikit-learn's 8x8 digits (shipped with scikit-learn, no download).
+* ``digits``: scikit-learn's 8x8 digits (shipped with scikit-learn, no download), split by
+  ``shared.digits``, which the demo reads the same rows through.
 * ``mnist``: the four standard IDX files in ``options["path"]``.
 * ``features``: next-window forecasting on svc_transform's Parquet offline store
   (``svc_trainer.data.features``).
@@ -28,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from shared import code_refs
+from shared import code_refs, digits
 from svc_trainer.data import tables as table_data
 from svc_trainer.data.features import load_features
 from svc_trainer.data.idx import read_idx
@@ -52,8 +53,6 @@ MNIST_FILES = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 
-DIGITS_VAL_FRACTION = 0.2
-DIGITS_TEST_FRACTION = 0.2
 MNIST_VAL_FRACTION = 1 / 6
 
 
@@ -153,22 +152,12 @@ def _files_fingerprint(directory: str, pattern: str) -> str:
 
 
 def _digits(seed: int) -> DataSplits:
-    # Imported here: scikit-learn takes a second to import and only digits needs it.
-    import sklearn
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = (np.asarray(bunch.images, dtype=np.float64) / 16.0).astype(np.float32)
-    y = np.asarray(bunch.target, dtype=np.int64)
-    train, val, test = stratified_split(y, DIGITS_VAL_FRACTION, DIGITS_TEST_FRACTION, seed)
-    splits = (x[train], y[train], x[val], y[val], x[test], y[test])
-    return _classification(
-        "digits",
-        splits,
-        10,
-        source=f"sklearn digits {sklearn.__version__}",
-        split=f"stratified 60/20/20, seed {seed}",
+    data = digits.load(seed)
+    (x_train, y_train), (x_val, y_val), (x_test, y_test) = (
+        (data.x[rows], data.y[rows]) for rows in (data.train, data.val, data.test)
     )
+    splits = (x_train, y_train, x_val, y_val, x_test, y_test)
+    return _classification("digits", splits, digits.CLASSES, source=data.source, split=data.split)
 
 
 # -- mnist --------------------------------------------------------------------------------

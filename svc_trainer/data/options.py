@@ -1,6 +1,6 @@
 """What every dataset shares: the error reason for bad data, the length of a
 data version and how it is computed from the arrays, how a dataset's string
-options are parsed, and the seeded stratified split."""
+options are parsed, and the seeded stratified split (``shared.splits``'s rule)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from shared import splits
 from svc_trainer.plan import TrialError
 
 BAD_DATASET = "bad_dataset"
@@ -53,44 +54,11 @@ def fraction_option(options: Mapping[str, str], name: str, default: float) -> fl
 def stratified_split(
     y: NDArray[Any], val_fraction: float, test_fraction: float, seed: int
 ) -> tuple[NDArray[np.intp], NDArray[np.intp], NDArray[np.intp]]:
-    """Row indices (train, validation, test), each ascending, covering every row once.
-
-    The validation and test splits hold round(fraction * N) rows, and every
-    class is spread over the splits in proportion, to within a row or two. Only
-    ``seed`` decides which rows of a class go where.
-    """
-    order = _stratified_order(y, seed)
-    n_test = round(test_fraction * len(y))
-    n_val = round(val_fraction * len(y))
-    if len(y) - n_test - n_val < 1 or (val_fraction > 0 and n_val < 1):
-        raise TrialError(
-            f"{len(y)} examples are too few for a {val_fraction:.3g} validation "
-            f"and {test_fraction:.3g} test split",
-            reason=BAD_DATASET,
-        )
-    test = np.sort(order[:n_test])
-    val = np.sort(order[n_test : n_test + n_val])
-    train = np.sort(order[n_test + n_val :])
-    return train, val, test
-
-
-def _stratified_order(y: NDArray[Any], seed: int) -> NDArray[np.intp]:
-    """All row indices so that every prefix holds each class in proportion.
-
-    Each row's key is its (random) rank within its class over the class's
-    size: taking the rows with the smallest keys takes the same share of
-    every class.
-    """
-    rng = np.random.default_rng(seed)
-    shuffled = rng.permutation(len(y))
-    by_class = shuffled[np.argsort(y[shuffled], kind="stable")]
-    _, starts, counts = np.unique(y[by_class], return_index=True, return_counts=True)
-    class_of = np.repeat(np.arange(len(counts)), counts)
-    rank = np.arange(len(y)) - starts[class_of]
-    key = np.empty(len(y), dtype=np.float64)
-    key[by_class] = (rank + 0.5) / counts[class_of]
-    tiebreak = rng.random(len(y))
-    return np.lexsort((tiebreak, key))
+    """``shared.splits.stratified_split``; too few rows for the split is bad data."""
+    try:
+        return splits.stratified_split(y, val_fraction, test_fraction, seed)
+    except ValueError as exc:
+        raise TrialError(str(exc), reason=BAD_DATASET) from exc
 
 
 def digest_arrays(*arrays: NDArray[Any]) -> str:

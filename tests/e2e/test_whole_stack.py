@@ -402,13 +402,12 @@ def test_the_demos_events_flow_twice_on_one_state(stack: ServiceStack) -> None:
     event-time epoch and gets as many windows as the first, rather than
     seeing its readings dropped as late (all but the last minute's). Runs
     last: it moves the offline store aside."""
-    import argparse
     import io
 
-    from compose.demo import Demo
-    from compose.demo_console import Console
+    from demo.console import Console
+    from demo.run import Demo, DemoOptions
 
-    args = argparse.Namespace(sensor_events=1_200, weblog_events=200)
+    args = DemoOptions(sensor_events=1_200, weblog_events=200)
     epochs = stack.settings.infra.common.state_dir / "transform" / "epochs"
     windows, said = [], []
     for _ in range(2):

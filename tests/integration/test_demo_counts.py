@@ -8,7 +8,7 @@ import time
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from compose.topic_counts import NewRecords
+from demo.topic_counts import NewRecords
 from shared.bus.topics import TopicSpec, ensure_topics
 from shared.contracts.aistack.v1 import events_pb2
 from tests.infra import Infra

@@ -14,9 +14,9 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from aistack import cli
 from aistack.lineage import trace
 from aistack.settings import LineageSettings
-from compose import cli
 from shared.bus.topics import TopicSpec, ensure_topics
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, models_pb2, predictions_pb2
 from shared.errors import NotFound

@@ -68,7 +68,7 @@ def test_cli_reports_a_taken_port_and_exits_non_zero(tmp_path: Path) -> None:
         port = squatter.getsockname()[1]
         controller_port, redis_port = free_ports(2)
         result = subprocess.run(
-            [sys.executable, "-m", "compose.cli", "infra", "up"],
+            [sys.executable, "-m", "aistack.cli", "infra", "up"],
             env={
                 "PATH": "/usr/bin:/bin:/usr/local/bin",
                 "HOME": str(Path.home()),
@@ -87,7 +87,7 @@ def test_cli_reports_a_taken_port_and_exits_non_zero(tmp_path: Path) -> None:
 
 def test_cli_names_a_bad_setting(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "compose.cli", "infra", "status"],
+        [sys.executable, "-m", "aistack.cli", "infra", "status"],
         env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "AISTACK_INFRA_REDIS_PORT": "http"},
         capture_output=True,
         text=True,

@@ -286,7 +286,7 @@ def predict_command(target: str, *tls: str) -> subprocess.CompletedProcess[str]:
         [
             sys.executable,
             "-m",
-            "compose.cli",
+            "aistack.cli",
             "predict",
             MODEL,
             "--input",

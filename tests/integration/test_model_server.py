@@ -470,7 +470,7 @@ def test_entity_features_come_from_the_online_store(
         assert "nobody" in (missing.value.details() or "")
     # `aistack predict --entity`: tritonclient, so in a process of its own.
     predicted = subprocess.run(
-        [sys.executable, "-m", "compose.cli", "predict", "forecast", "--entity", "sensor-7",
+        [sys.executable, "-m", "aistack.cli", "predict", "forecast", "--entity", "sensor-7",
          "--url", server.address],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -480,7 +480,7 @@ def test_entity_features_come_from_the_online_store(
     assert printed.startswith("prediction [1, 1]: [[")
     assert float(printed.split("[[")[1].rstrip("]")) == pytest.approx(value, abs=1e-4)
     predicted = subprocess.run(
-        [sys.executable, "-m", "compose.cli", "predict", "forecast", "--entity", "sensor-7",
+        [sys.executable, "-m", "aistack.cli", "predict", "forecast", "--entity", "sensor-7",
          "--open", "--url", server.address],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -526,7 +526,7 @@ def test_python_m_svc_model_serves_and_stops_on_sigterm(
         ms.wait_for_port(port, 90, process)
         np.save(tmp_path / "x.npy", ms.digits(2))
         predicted = subprocess.run(
-            [sys.executable, "-m", "compose.cli", "predict", "cli", "--url", f"127.0.0.1:{port}",
+            [sys.executable, "-m", "aistack.cli", "predict", "cli", "--url", f"127.0.0.1:{port}",
              "--input", str(tmp_path / "x.npy")],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip

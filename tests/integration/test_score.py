@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from compose import cli
+from aistack import cli
 from shared.bus.topics import ensure_topics
 from shared.contracts.aistack.v1 import predictions_pb2
 from shared.errors import InvalidArgument
@@ -354,7 +354,7 @@ def test_the_command_scores_on_a_standalone_cluster(
             "AISTACK_SCORE_ARTIFACT_CACHE_DIR": str(tmp_path / "cache"),
             "AISTACK_STATE_DIR": str(tmp_path / "state"),
         }
-        command = [sys.executable, "-m", "compose.cli", "score", name]
+        command = [sys.executable, "-m", "aistack.cli", "score", name]
         command += ["--input", str(path), "--output", str(output), "--columns", ",".join(COLUMNS)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]

@@ -143,7 +143,7 @@ def test_up_status_restart_and_down(tmp_path: Path) -> None:
         assert {s.state for s in stack.status() if s.name != "svc_trainer-2"} == {"running"}
 
         cli = subprocess.run(
-            [sys.executable, "-m", "compose.cli", "status"],
+            [sys.executable, "-m", "aistack.cli", "status"],
             env=cli_env(settings),
             capture_output=True,
             text=True,

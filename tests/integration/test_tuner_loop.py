@@ -11,8 +11,8 @@ import json
 import grpc
 import pytest
 
+from aistack import cli
 from aistack.studies import load_spec
-from compose import cli
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import models_pb2, monitoring_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api

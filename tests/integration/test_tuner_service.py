@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from aistack import cli
 from aistack.studies import load_spec
-from compose import cli
 from shared.bus.producer import BusProducer
 from shared.bus.topics import partition_count
 from shared.contracts.aistack.v1 import events_pb2, tuning_pb2

@@ -224,7 +224,7 @@ class UserStack:
             **given,
         }
         return subprocess.run(
-            [sys.executable, "-m", "compose.cli", *args],
+            [sys.executable, "-m", "aistack.cli", *args],
             cwd=ROOT,
             env=env,
             capture_output=True,

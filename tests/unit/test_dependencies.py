@@ -1,10 +1,12 @@
 """Dependencies point one way: ``compose`` (the launcher) may import the
 services; a service imports ``shared``, the public package ``aistack`` (the
 API user code sees, which svc_trainer implements) and itself, never another
-service, ``compose``, ``loadgen``, ``bench`` or the tests; ``aistack``
-imports ``shared`` and itself; ``shared`` imports only itself. Outside a
-service, the launcher and the command reach only its settings and its
-declared entry points, never its insides (``KNOWN``: what is still to move)."""
+service, ``compose``, ``loadgen``, ``demo``, ``bench`` or the tests;
+``aistack`` imports ``shared`` and itself, and its command (``aistack/cli``)
+the launcher, the load generator, the demo and the services' entry points;
+``shared`` imports only itself. Outside a service, the launcher, the command
+and the demo reach only its settings and its declared entry points, never its
+insides."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-OURS = {"shared", "aistack", "compose", "loadgen", "bench", "tests"}
+OURS = {"shared", "aistack", "compose", "demo", "loadgen", "bench", "tests"}
 SERVICES = sorted(p.name for p in ROOT.glob("svc_*") if (p / "__init__.py").is_file())
 
 
@@ -51,17 +53,34 @@ def imported_packages(package: str) -> dict[str, set[str]]:
 
 
 ALLOWED = {"shared": {"shared"}, "aistack": {"shared", "aistack"}}
+#: The ``aistack`` command runs the stack, the load generator, the demo and a
+#: service's entry points (``PUBLIC``); what a user's code imports of the
+#: public package needs none of them.
+COMMAND = "aistack/cli/"
+COMMAND_ALLOWED = {"compose", "loadgen", "demo", *SERVICES}
 
 
 @pytest.mark.parametrize("package", ["shared", "aistack", *SERVICES])
 def test_a_package_imports_only_shared_and_itself(package: str) -> None:
     allowed = ALLOWED.get(package, {"shared", "aistack", package})
+    wrong = {}
+    for module, names in imported_packages(package).items():
+        extra = COMMAND_ALLOWED if module.startswith(COMMAND) else set()
+        if names - allowed - extra:
+            wrong[module] = sorted(names - allowed - extra)
+    assert not wrong, f"{package} imports what it must not: {wrong}"
+
+
+def test_the_demo_is_a_client_of_the_stack() -> None:
+    """The demo drives the stack as a user would: the public package, the
+    shared readers, the launcher and the load generator; no benchmark or test."""
+    allowed = {"shared", "aistack", "compose", "loadgen", "demo", *SERVICES}
     wrong = {
         module: sorted(names - allowed)
-        for module, names in imported_packages(package).items()
+        for module, names in imported_packages("demo").items()
         if names - allowed
     }
-    assert not wrong, f"{package} imports what it must not: {wrong}"
+    assert wrong == {}
 
 
 def test_the_services_are_found() -> None:
@@ -76,13 +95,6 @@ PUBLIC = {
     "svc_score": {"app", "settings"},  # aistack score runs the Spark job in-process
     "svc_transform": {"jars", "settings"},  # aistack infra fetch builds its JVM functions
 }
-#: Insides still reached from outside, each to be moved behind the public
-#: client or the shared readers (issue 34, item 3): the demo's k-fold
-#: comparison loads the digits and folds them as the trainer does.
-KNOWN = {
-    "compose/kfold.py": {"svc_trainer.data.datasets", "svc_trainer.evaluation"},
-    "compose/demo_serving.py": {"svc_trainer.data.datasets"},  # the held-out digits
-}
 
 
 def service_imports(package: str) -> dict[str, set[str]]:
@@ -94,12 +106,12 @@ def service_imports(package: str) -> dict[str, set[str]]:
 
 
 def test_outside_a_service_only_its_public_modules_are_imported() -> None:
-    """The launcher and the command (``compose``) and the public package
-    (``aistack``) reach a service through its settings and the entry points
-    in ``PUBLIC``; never its insides. Benchmarks and tests measure insides:
-    not held to it."""
+    """The launcher (``compose``), the public package and its command
+    (``aistack``) and the demo reach a service through its settings and the
+    entry points in ``PUBLIC``; never its insides. Benchmarks and tests
+    measure insides: not held to it."""
     reached: dict[str, set[str]] = {}
-    for package in ("compose", "aistack"):
+    for package in ("compose", "aistack", "demo"):
         for module, names in service_imports(package).items():
             inside = set()
             for name in names:
@@ -109,7 +121,7 @@ def test_outside_a_service_only_its_public_modules_are_imported() -> None:
                     inside.add(name)
             if inside:
                 reached[module] = inside
-    assert reached == KNOWN
+    assert reached == {}
 
 
 #: What svc_trainer's framework code may import of svc_trainer: the plan

@@ -5,7 +5,6 @@ site builds."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -19,7 +18,7 @@ import pytest
 import yaml
 from markdown.extensions.toc import slugify
 
-from compose import cli
+from aistack import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -100,20 +99,13 @@ def test_every_make_target_shown_exists() -> None:
     assert missing == []
 
 
-def _choices(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser | None]:
-    """A parser's subcommands (with their parsers) or, without any, the
-    choices of its first positional argument (with None)."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    for action in parser._actions:
-        if not action.option_strings and action.choices is not None:
-            return {str(choice): None for choice in action.choices}
-    return {}
+def _subcommands(command: object) -> dict[str, object]:
+    """A command group's subcommands by name ({} for a single command)."""
+    return dict(getattr(command, "commands", {}))
 
 
 def test_every_aistack_command_shown_exists() -> None:
-    top = _choices(cli.parser())
+    top = _subcommands(cli.command())
     wrong = []
     shown = 0
     for page in PAGES:
@@ -123,8 +115,7 @@ def test_every_aistack_command_shown_exists() -> None:
                 if first not in top:
                     wrong.append(f"{page.relative_to(ROOT)}: aistack {first}")
                     continue
-                sub = top[first]
-                below = _choices(sub) if sub is not None else {}
+                below = _subcommands(top[first])
                 if second and below and second not in below:
                     wrong.append(f"{page.relative_to(ROOT)}: aistack {first} {second}")
     assert shown, "the pages show no aistack command at all: the pattern is wrong"

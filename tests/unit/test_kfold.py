@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from scipy import stats
 
-from compose import kfold
+from demo import kfold
 
 DEFAULT = [0.022, 0.017, 0.011, 0.028, 0.017, 0.022, 0.011, 0.017, 0.028, 0.006]
 TUNED = [0.011, 0.006, 0.011, 0.017, 0.006, 0.011, 0.000, 0.011, 0.017, 0.006]
@@ -59,7 +59,7 @@ def test_a_cross_validation_study_is_a_valid_grid_over_the_folds() -> None:
     from pathlib import Path
 
     from aistack.studies import load_spec
-    from compose.study import cross_validation_spec, fold_errors
+    from demo.kfold import cross_validation_spec, study_fold_errors
     from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
     from shared.contracts.aistack.v1 import tuner_service_pb2 as api
     from svc_tuner import spec as specs
@@ -79,6 +79,23 @@ def test_a_cross_validation_study_is_a_valid_grid_over_the_folds() -> None:
         for i in range(3)
     ]
     trials.append(api.Trial(state=api.TRIAL_STATE_FAILED, metrics={"fold_3_error": 0.5}))
-    assert fold_errors(trials, 3) == [0.0, 0.01, 0.02]
+    assert study_fold_errors(trials, 3) == [0.0, 0.01, 0.02]
     with pytest.raises(KeyError):
-        fold_errors(trials, 4)  # fold 3 failed: no error for it
+        study_fold_errors(trials, 4)  # fold 3 failed: no error for it
+
+
+def test_the_demo_folds_the_trainers_digits_in_their_order() -> None:
+    """The SVC baseline and the trainers' cross-validation see the same rows:
+    the demo reads them through ``shared.digits`` and folds them by
+    ``shared.splits``, as the trainers do."""
+    import numpy as np
+
+    from shared import digits, splits
+    from svc_trainer.data.datasets import load
+    from svc_trainer.evaluation import all_examples, stratified_folds
+
+    x, y = all_examples(load("digits", {}, seed=0))
+    shared_x, shared_y = digits.load(seed=0).in_split_order()
+    assert np.array_equal(x, shared_x) and np.array_equal(y, shared_y)
+    trainers, demos = stratified_folds(y, 10, seed=0), splits.stratified_folds(shared_y, 10, seed=0)
+    assert all(np.array_equal(a, b) for a, b in zip(trainers, demos, strict=True))

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import pytest
 
-from compose.cli import main
+from aistack.cli import main
 from loadgen import faults
 from loadgen.plan import generate
 from loadgen.publish import send

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compose.predict import read_input
+from aistack.cli.predict import read_input
 from shared.errors import InvalidArgument
 
 

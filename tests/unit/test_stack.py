@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from compose import cli
+from aistack import cli
 from compose.local import PortTaken
 from compose.logs import follow, last_lines
 from compose.processes import group_members, port_taken

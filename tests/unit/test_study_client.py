@@ -3,23 +3,22 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from aistack import cli
+from aistack.cli import study as study_cli
+from aistack.cli.study import StudyCommand, TunerConnection, TunerFlags, tuner_connection
 from aistack.settings import TunerClientSettings
-from compose import cli
-from compose import study as study_cli
-from compose.study import TunerConnection, tuner_connection
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.settings import load_settings
 
 
-def flags(tuner: str | None = None, ca: str | None = None) -> argparse.Namespace:
-    return argparse.Namespace(tuner=tuner, ca=ca)
+def flags(tuner: str | None = None, ca: str | None = None) -> TunerFlags:
+    return TunerFlags(tuner, ca)
 
 
 @pytest.fixture(autouse=True)
@@ -157,18 +156,18 @@ def test_a_watched_study_prints_a_line_per_change_of_its_trials_not_per_epoch() 
     assert line.startswith("[############............] 1/2")
 
 
-def parsed(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> argparse.Namespace:
-    """What ``aistack <argv>`` hands ``aistack study``, parsed by the real command line."""
-    seen: list[argparse.Namespace] = []
+def parsed(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> tuple[StudyCommand, TunerFlags]:
+    """What ``aistack <argv>`` asks the tuner, parsed by the real command line."""
+    seen: list[tuple[StudyCommand, TunerFlags]] = []
 
-    def run(args: argparse.Namespace) -> int:
-        seen.append(args)
+    def run(command: StudyCommand, flags: TunerFlags) -> int:
+        seen.append((command, flags))
         return 0
 
     monkeypatch.setattr(study_cli, "run", run)
     assert cli.main(argv) == 0
-    (args,) = seen
-    return args
+    (asked,) = seen
+    return asked
 
 
 class RecordingTuner:
@@ -195,34 +194,38 @@ def test_create_reads_the_spec_given_as_an_argument_or_with_dash_f(
 ) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text("name: from-the-file\n")
-    args = parsed(monkeypatch, [str(spec) if a == "SPEC_PATH" else a for a in argv])
+    command, _ = parsed(monkeypatch, [str(spec) if a == "SPEC_PATH" else a for a in argv])
     tuner = RecordingTuner()
     stub: Any = tuner
-    assert asyncio.run(study_cli._dispatch(stub, args)) == 0
+    assert asyncio.run(study_cli.dispatch(stub, command)) == 0
     assert [request.spec.name for request in tuner.requests] == ["from-the-file"]
     assert capsys.readouterr().out == "study s-1 created\n"
 
 
 def test_create_takes_code_after_a_positional_spec(monkeypatch: pytest.MonkeyPatch) -> None:
-    args = parsed(monkeypatch, ["study", "create", "spec.yaml", "--code", "./myproject"])
-    assert (args.spec, args.file, args.code) == ("spec.yaml", None, "./myproject")
+    command, _ = parsed(monkeypatch, ["study", "create", "spec.yaml", "--code", "./myproject"])
+    assert (command.spec, command.code) == ("spec.yaml", "./myproject")
+
+
+def test_the_tuner_flags_come_before_the_study_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    argv = ["study", "--tuner", "127.0.0.1:1", "--ca", "ca.pem", "show", "s-1"]
+    command, flags = parsed(monkeypatch, argv)
+    assert (command, flags) == (StudyCommand("show", "s-1"), TunerFlags("127.0.0.1:1", "ca.pem"))
 
 
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
-        (["study", "create"], "one of the arguments SPEC -f/--file is required"),
-        (["study", "create", "a.yaml", "-f", "b.yaml"], "argument -f/--file: not allowed with"),
-        (["study", "create", "-f", "b.yaml", "a.yaml"], "argument SPEC: not allowed with"),
+        (["study", "create"], "one of the arguments SPEC and -f/--file is required"),
+        (["study", "create", "a.yaml", "-f", "b.yaml"], "SPEC and -f/--file are the same spec"),
+        (["study", "create", "-f", "b.yaml", "a.yaml"], "SPEC and -f/--file are the same spec"),
     ],
     ids=["neither", "both", "both-reversed"],
 )
 def test_create_refuses_no_spec_or_two_in_one_line(
     capsys: pytest.CaptureFixture[str], argv: list[str], error: str
 ) -> None:
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(argv)
-    assert exit_.value.code == 2
+    assert cli.main(argv) == 2
     err = capsys.readouterr().err.splitlines()
     assert err[-1].startswith("aistack study create: error: ")
     assert error in err[-1]

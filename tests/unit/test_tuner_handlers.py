@@ -11,7 +11,7 @@ from shared.contracts.aistack.v1 import tuning_pb2
 
 optuna = pytest.importorskip("optuna")
 
-from compose.study import load_spec  # noqa: E402
+from aistack.studies import load_spec  # noqa: E402
 from svc_tuner.dispatch import PartitionSlots  # noqa: E402
 from svc_tuner.engine import Engine, Outcome  # noqa: E402
 from svc_tuner.handlers import UNKNOWN_TRIAL, ReportHandler  # noqa: E402

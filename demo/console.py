@@ -79,7 +79,7 @@ class Summary:
 
 
 class ProgressOut:
-    """A text stream for compose.study.watch that draws through the console."""
+    """A text stream for aistack.cli.study.watch that draws through the console."""
 
     def __init__(self, console: Console) -> None:
         self._console = console

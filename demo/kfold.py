@@ -6,8 +6,13 @@ first, scikit-learn's SVC, on the same folds."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
+    from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 
 #: Below this p-value a paired difference is called a difference.
 ALPHA = 0.05
@@ -96,6 +101,50 @@ def verdict(name_a: str, name_b: str, comparison: Paired) -> str:
     return f"{name_a} and {name_b} are not distinguishable: {change}, but {test} >= {ALPHA}"
 
 
+def cross_validation_spec(
+    base: tuning_pb2.StudySpec, name: str, params: Mapping[str, common_pb2.ParamValue], folds: int
+) -> tuning_pb2.StudySpec:
+    """A study that cross-validates one configuration of ``base``'s model:
+    ``params`` (the trainer's defaults for the rest), ``base``'s task and
+    epochs; a grid over the folds (``cv_fold``), one trial each, so the
+    trainers share it; every trainer splits the data into the same
+    stratified folds (``task.options.cv_folds``) for any configuration."""
+    from shared.contracts.aistack.v1 import tuning_pb2
+
+    spec = tuning_pb2.StudySpec()
+    spec.CopyFrom(base)
+    spec.name = name
+    del spec.params[:]
+    for param, value in sorted(params.items()):
+        spec.params.add(name=param).categorical.choices.add().CopyFrom(value)
+    choices = spec.params.add(name="cv_fold").categorical.choices
+    for fold in range(folds):
+        choices.add().int_value = fold
+    spec.sampler.Clear()
+    spec.sampler.kind = tuning_pb2.SAMPLER_KIND_GRID
+    spec.pruner.Clear()
+    spec.pruner.kind = tuning_pb2.PRUNER_KIND_NONE
+    spec.budget.max_trials = folds
+    spec.budget.time_limit.FromSeconds(1800)
+    spec.refit = False
+    spec.task.options["cv_folds"] = str(folds)
+    return spec
+
+
+def study_fold_errors(trials: Iterable[api.Trial], folds: int) -> list[float]:
+    """Each fold's error, from a cross-validation study's completed trials
+    (``fold_<i>_error``); KeyError for a fold none of them reports."""
+    from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+
+    metrics = {
+        name: value
+        for trial in trials
+        if trial.state == api.TRIAL_STATE_COMPLETED
+        for name, value in trial.metrics.items()
+    }
+    return fold_errors(metrics, folds)
+
+
 def _standard_error(values: Sequence[float], mean: float) -> float:
     n = len(values)
     if n < 2:
@@ -112,14 +161,15 @@ def _t975(degrees: int) -> float:
 
 def svc_fold_errors(folds: int) -> list[float]:
     """scikit-learn's SVC (its defaults) on the same folds as the trainers'
-    cross-validation trials (``svc_trainer.evaluation``, seed 0)."""
+    cross-validation trials: the digits in split order, folded by the shared
+    rule (``shared.digits``, ``shared.splits``; seed 0)."""
     import numpy as np
     from sklearn.svm import SVC
 
-    from svc_trainer.data.datasets import load
-    from svc_trainer.evaluation import all_examples, stratified_folds
+    from shared import digits
+    from shared.splits import stratified_folds
 
-    x, y = all_examples(load("digits", {}, seed=0))
+    x, y = digits.load(seed=0).in_split_order()
     flat = x.reshape(len(x), -1)
     errors = []
     for test in stratified_folds(y, folds, seed=0):

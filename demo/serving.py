@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from compose.demo_console import Console, ServiceDied, Summary, percentile
 from compose.stack import ServiceStack
+from demo.console import Console, ServiceDied, Summary, percentile
 from shared.feature_store import ONLINE_KEY_PREFIX, online_field, online_key
 
 if TYPE_CHECKING:
-    from compose.demo import StudyOutcome
+    from demo.run import StudyOutcome
 
 #: The online feature the demo's forecaster is fed by entity.
 FORECAST_FEATURE = online_field("temperature", "tumbling-60s")
@@ -44,7 +44,7 @@ class ServingStep:
     def _predict_digits(self, stub: Any, digits: StudyOutcome) -> None:
         import numpy as np
 
-        from svc_trainer.data.datasets import load
+        from shared import digits as digits_data
 
         name, best_value = digits.best.model_name, digits.best.value
         probe_x = np.zeros((1, 8, 8), dtype=np.float32)
@@ -63,24 +63,25 @@ class ServingStep:
         version = self.wait(
             f"{name} to be served", champion, 300, lambda: f"{name}: {served.get('state', '…')}"
         )
-        data = load("digits", {}, seed=0)
+        data = digits_data.load(seed=0)
+        x_test, y_test = data.x[data.test], data.y[data.test]
         latencies, correct = [], 0
-        for x, y in zip(data.x_test, data.y_test, strict=True):
+        for x, y in zip(x_test, y_test, strict=True):
             started = time.perf_counter()
             response = stub.ModelInfer(_request(name, x[np.newaxis]), timeout=10)
             latencies.append(time.perf_counter() - started)
             out = np.frombuffer(response.raw_output_contents[0], dtype="<f4")
             correct += int(out.argmax() == y)
-        accuracy = correct / len(data.y_test)
+        accuracy = correct / len(y_test)
         p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
         self.console.line(
-            f"  {name} version {version}: {accuracy:.2%} of {len(data.y_test)} held-out digits "
+            f"  {name} version {version}: {accuracy:.2%} of {len(y_test)} held-out digits "
             f"right; latency p50 {p50 * 1000:.2f} ms, p99 {p99 * 1000:.2f} ms (one digit per call)"
         )
         self.summary.add(
             "served model", f"{name} version {version} ({digits.metric} {best_value:.4f})"
         )
-        self.summary.add("held-out accuracy over gRPC", f"{accuracy:.2%} of {len(data.y_test)}")
+        self.summary.add("held-out accuracy over gRPC", f"{accuracy:.2%} of {len(y_test)}")
         self.summary.add("gRPC latency p50 / p99", f"{p50 * 1000:.2f} ms / {p99 * 1000:.2f} ms")
 
     def _predict_entity(self, stub: Any, forecast: StudyOutcome) -> None:

@@ -11,20 +11,22 @@ does not move).
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from compose.demo_console import Console, Summary
-from compose.demo_loop import FIRST_SPAN_SECONDS, SHIFT_SPAN_SECONDS
 from compose.stack import ServiceStack
-from compose.topic_counts import NewRecords
+from demo.console import Console, Summary
+from demo.loop import FIRST_SPAN_SECONDS, SHIFT_SPAN_SECONDS
+from demo.topic_counts import NewRecords
 from shared.metrics import scraped_sum
 from shared.settings import KafkaSettings
+
+if TYPE_CHECKING:
+    from demo.run import DemoOptions
 
 #: How the demo's raw events look: share of malformed and of repeated records.
 BAD_FRACTION = 0.04
@@ -43,7 +45,7 @@ class EventsStep:
     #: also watches the services.
     wait: Callable[..., Any]
 
-    def run(self, args: argparse.Namespace) -> None:
+    def run(self, args: DemoOptions) -> None:
         from loadgen.plan import generate
         from loadgen.publish import send
         from shared.bus.producer import BusProducer

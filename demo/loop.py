@@ -17,13 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from compose.demo_console import Console, ServiceDied, Summary
-from compose.demo_serving import FORECAST_FEATURE, an_entity
 from compose.stack import ServiceStack
+from demo.console import Console, ServiceDied, Summary
+from demo.serving import FORECAST_FEATURE, an_entity
 from shared.settings import KafkaSettings
 
 if TYPE_CHECKING:
-    from compose.demo import StudyOutcome
+    from demo.run import StudyOutcome
 
 #: The shift: every temperature reading this much warmer (°C), over readings
 #: spread across the SHIFT_SPAN_SECONDS up to now, at the first batch's rate.

@@ -8,7 +8,7 @@ default configuration and a scikit-learn SVC on the same split; a forecasting
 study on the windows Spark wrote; the best model served and called over gRPC
 on held-out digits and on an entity's latest features; then the loop: the
 sensors shift, the monitor reports drift, a warm-started re-tune runs and the
-champion rule decides what serves (``compose.demo_loop``). Ends with one
+champion rule decides what serves (``demo.loop``). Ends with one
 summary table and stops the stack unless ``--keep``.
 
 A service that dies during the demo is shown with its last log lines, and
@@ -18,7 +18,6 @@ would: Kafka, the tuner's gRPC API, the Open Inference Protocol and Redis.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
@@ -27,12 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO, TypeVar, cast
 
-from compose.demo_console import Console, ProgressOut, ServiceDied, Summary
-from compose.demo_events import EventsStep
-from compose.demo_loop import LoopStep
-from compose.demo_serving import ServingStep
 from compose.settings import StackSettings, apply_infra_flags
 from compose.stack import ServiceStack, ServiceStatus
+from demo.console import Console, ProgressOut, ServiceDied, Summary
+from demo.events import EventsStep
+from demo.loop import LoopStep
+from demo.serving import ServingStep
 from shared.settings import KafkaSettings, load_settings
 
 T = TypeVar("T")
@@ -41,28 +40,20 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 STUDIES = PROJECT_ROOT / "examples" / "studies"
 
 
-def add_parser(commands: Any) -> None:
-    demo = commands.add_parser(
-        "demo", help="run the whole stack end to end (events → features → tuning → serving)"
-    )
-    demo.add_argument("--keep", action="store_true", help="leave the stack running at the end")
-    demo.add_argument(
-        "--secure",
-        action="store_true",
-        default=None,
-        help="run it in secure mode (AISTACK_INFRA_SECURE; see aistack up --secure)",
-    )
-    demo.add_argument("--sensor-events", type=int, default=16_000, help="sensor readings to send")
-    demo.add_argument("--weblog-events", type=int, default=4_000, help="web log lines to send")
-    demo.add_argument("--trials", type=int, default=64, help="trials of the digits study")
-    demo.add_argument(
-        "--folds", type=int, default=10, help="folds of the cross-validated comparison"
-    )
-    demo.set_defaults(run=run)
+@dataclass(frozen=True)
+class DemoOptions:
+    """``aistack demo``'s flags."""
+
+    keep: bool = False  # leave the stack running at the end
+    secure: bool = False  # run it in secure mode
+    sensor_events: int = 16_000
+    weblog_events: int = 4_000
+    trials: int = 64  # of the digits study
+    folds: int = 10  # of the cross-validated comparison
 
 
-def run(args: argparse.Namespace) -> int:
-    apply_infra_flags(args)
+def run(args: DemoOptions) -> int:
+    apply_infra_flags(None, args.secure)
     stack = ServiceStack(load_settings(StackSettings))
     console = Console(sys.stdout)
     demo = Demo(stack, console, args)
@@ -92,7 +83,7 @@ class StudyOutcome:
 
 
 class Demo:
-    def __init__(self, stack: ServiceStack, console: Console, args: argparse.Namespace) -> None:
+    def __init__(self, stack: ServiceStack, console: Console, args: DemoOptions) -> None:
         self.stack = stack
         self.console = console
         self.args = args
@@ -204,7 +195,7 @@ class Demo:
         return outcome, (default.study_id, tuned.study_id)
 
     def _cv_spec(self, label: str, digits_spec: Any, params: Any) -> Any:
-        from compose.study import cross_validation_spec
+        from demo.kfold import cross_validation_spec
 
         name = f"digits-cv-{label}-{self.run_id}"
         return cross_validation_spec(digits_spec, name, params, self.args.folds)
@@ -227,7 +218,7 @@ class Demo:
 
     def _watch_to_end(self, study_id: str) -> StudyOutcome:
         """Watch an existing study's trials until it ends; its outcome."""
-        from compose.study import watch as watch_study
+        from aistack.cli.study import watch as watch_study
         from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 
         async def watching() -> None:
@@ -272,7 +263,7 @@ class Demo:
     # ---- 5: tuned against default against SVC, by k-fold cross-validation ----
 
     def _comparison(self, default_cv: str, tuned_cv: str) -> None:
-        from compose import kfold
+        from demo import kfold
 
         folds = self.args.folds
         self.console.step(
@@ -315,13 +306,13 @@ class Demo:
 
     def _fold_errors(self, study_id: str) -> list[float]:
         """Each fold's error, from the study's trials (one fold each)."""
-        from compose.study import fold_errors
+        from demo.kfold import study_fold_errors
         from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 
         outcome = self._finish(study_id)
         trials = self._tuner(lambda stub: stub.ListTrials(api.ListTrialsRequest(study_id=study_id)))
         try:
-            return fold_errors(trials.trials, self.args.folds)
+            return study_fold_errors(trials.trials, self.args.folds)
         except KeyError as missing:
             raise ServiceDied(
                 f"cross-validation {study_id} has no error for {missing}: {outcome.counts}"
@@ -348,4 +339,4 @@ def svc_digits_count() -> int:
     return len(load_digits().target)
 
 
-__all__ = ["Demo", "ServiceDied", "add_parser", "run"]
+__all__ = ["Demo", "DemoOptions", "ServiceDied", "run"]

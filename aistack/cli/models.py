@@ -4,12 +4,14 @@ model trained elsewhere (``aistack.models``)."""
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Annotated
+
+import typer
 
 from aistack import models
+from aistack.cli import terminal
 from aistack.settings import ClientSettings
 from shared.contracts.aistack.v1 import common_pb2
 from shared.errors import InvalidArgument
@@ -18,97 +20,103 @@ from shared.settings import load_settings
 
 _DIRECTIONS = {"minimize": common_pb2.DIRECTION_MINIMIZE, "maximize": common_pb2.DIRECTION_MAXIMIZE}
 
-
-def add_parser(commands: Any) -> None:
-    parser = commands.add_parser("models", help="the model registry: list, fetch, register")
-    actions = parser.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list", help="a model's versions (every model's without a name)")
-    listing.add_argument("name", nargs="?")
-    fetch = actions.add_parser("fetch", help="a version's artifact, its sha256 checked")
-    fetch.add_argument(
-        "model",
-        metavar="MODEL[@VERSION]",
-        help="default version: the one served (AISTACK_MODEL_POLICY)",
-    )
-    fetch.add_argument("--into", required=True, help="a directory for the copy")
-    register = actions.add_parser(
-        "register",
-        help="register a model trained elsewhere as the next version of NAME "
-        "(served, scored and watched like a trained one)",
-    )
-    register.add_argument("name")
-    register.add_argument(
-        "--artifact",
-        required=True,
-        help="a torch.export program (.pt2), a TorchScript file (.pt) or a SavedModel "
-        "directory; a path or an fsspec URL",
-    )
-    register.add_argument(
-        "--input",
-        action="append",
-        default=[],
-        metavar="NAME:DATATYPE:DIMS",
-        help="an input, e.g. input:FP32:-1,30 (read from the artifact unless TorchScript)",
-    )
-    register.add_argument("--output", action="append", default=[], metavar="NAME:DATATYPE:DIMS")
-    register.add_argument(
-        "--metric", action="append", default=[], metavar="NAME=VALUE", help="e.g. val_error=0.03"
-    )
-    register.add_argument(
-        "--objective",
-        metavar="METRIC:minimize|maximize",
-        help="what its versions compete on for the champion's place (its value among --metric)",
-    )
-    register.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
-    register.add_argument("--dataset", default="", help="where its training data came from")
-    register.add_argument(
-        "--feature",
-        metavar="METRIC@WINDOW",
-        help="the online-store field it reads by entity (e.g. temperature@tumbling-60s): its "
-        "windows in the offline store (AISTACK_TRAINER_FEATURES_PATH) become its training "
-        "distribution, which svc_monitor watches",
-    )
-    register.add_argument(
-        "--windows-from", default="", metavar="RFC3339", help="the first training window's start"
-    )
-    register.add_argument(
-        "--windows-to", default="", metavar="RFC3339", help="the last training window's start"
-    )
-    register.set_defaults(run=run)
-    for action in (listing, fetch):
-        action.set_defaults(run=run)
+app = typer.Typer(help="The model registry: list, fetch, register.", no_args_is_help=True)
 
 
-def run(args: argparse.Namespace) -> int:
+@app.command("list")
+def list_versions(name: Annotated[str | None, typer.Argument()] = None) -> int:
+    """A model's versions (every model's without a name); * marks the one served."""
+    return _list(load_settings(ClientSettings), name)
+
+
+@app.command()
+def fetch(
+    model: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODEL[@VERSION]", help="default version: the one served (AISTACK_MODEL_POLICY)"
+        ),
+    ],
+    into: Annotated[str, typer.Option(help="a directory for the copy")],
+) -> int:
+    """A version's artifact, its sha256 checked."""
+    name, _, version = model.partition("@")
+    directory = models.fetch(load_settings(ClientSettings), name, version, Path(into))
+    print(f"{name}: {directory}")
+    return 0
+
+
+Repeated = Annotated[list[str] | None, typer.Option(metavar="NAME:DATATYPE:DIMS")]
+
+
+@app.command()
+def register(
+    name: str,
+    artifact: Annotated[
+        str,
+        typer.Option(
+            help="a torch.export program (.pt2), a TorchScript file (.pt) or a SavedModel "
+            "directory; a path or an fsspec URL"
+        ),
+    ],
+    input: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input",
+            metavar="NAME:DATATYPE:DIMS",
+            help="an input, e.g. input:FP32:-1,30 (read from the artifact unless TorchScript)",
+        ),
+    ] = None,
+    output: Repeated = None,
+    metric: Annotated[
+        list[str] | None, typer.Option(metavar="NAME=VALUE", help="e.g. val_error=0.03")
+    ] = None,
+    objective: Annotated[
+        str | None,
+        typer.Option(
+            metavar="METRIC:minimize|maximize",
+            help="what its versions compete on for the champion's place (its value among --metric)",
+        ),
+    ] = None,
+    label: Annotated[list[str] | None, typer.Option(metavar="KEY=VALUE")] = None,
+    dataset: Annotated[str, typer.Option(help="where its training data came from")] = "",
+    feature: Annotated[
+        str | None,
+        typer.Option(
+            metavar="METRIC@WINDOW",
+            help="the online-store field it reads by entity (e.g. temperature@tumbling-60s): its "
+            "windows in the offline store (AISTACK_TRAINER_FEATURES_PATH) become its training "
+            "distribution, which svc_monitor watches",
+        ),
+    ] = None,
+    windows_from: Annotated[
+        str, typer.Option(metavar="RFC3339", help="the first training window's start")
+    ] = "",
+    windows_to: Annotated[
+        str, typer.Option(metavar="RFC3339", help="the last training window's start")
+    ] = "",
+) -> int:
+    """Register a model trained elsewhere as the next version of NAME (served, scored and
+    watched like a trained one)."""
     settings = load_settings(ClientSettings)
-    if args.action == "list":
-        return _list(settings, args.name)
-    if args.action == "fetch":
-        name, _, version = args.model.partition("@")
-        directory = models.fetch(settings, name, version, Path(args.into))
-        print(f"{name}: {directory}")
-        return 0
     reference = None
-    if args.feature:
+    if feature:
         from shared.offline_store import training_distribution
 
-        bounds = (
-            _moment(args.windows_from, "--windows-from"),
-            _moment(args.windows_to, "--windows-to"),
-        )
-        reference = training_distribution(settings.features_path(), args.feature, bounds)
+        bounds = (_moment(windows_from, "--windows-from"), _moment(windows_to, "--windows-to"))
+        reference = training_distribution(settings.features_path(), feature, bounds)
     with tempfile.TemporaryDirectory(prefix="aistack-artifact-") as scratch:
         event = models.register(
             settings,
             models.Registration(
-                name=args.name,
-                artifact=_local(args.artifact, Path(scratch)),
-                inputs=[parse_tensor(text) for text in args.input],
-                outputs=[parse_tensor(text) for text in args.output],
-                metrics=dict(_metric(text) for text in args.metric),
-                objective=_objective(args.objective) if args.objective else None,
-                labels=dict(_pair(text, "--label") for text in args.label),
-                dataset=args.dataset,
+                name=name,
+                artifact=_local(artifact, Path(scratch)),
+                inputs=[parse_tensor(text) for text in input or []],
+                outputs=[parse_tensor(text) for text in output or []],
+                metrics=dict(_metric(text) for text in metric or []),
+                objective=_objective(objective) if objective else None,
+                labels=dict(_pair(text, "--label") for text in label or []),
+                dataset=dataset,
                 training_distribution=reference,
             ),
         )
@@ -131,6 +139,7 @@ def _list(settings: ClientSettings, name: str | None) -> int:
     lineage = settings.lineage
     registry = model_registry.read(lineage.kafka, lineage.models_topic, lineage.timeout_seconds)
     names = [name] if name else registry.names()
+    rows: list[tuple[str, str, str, str, str]] = []
     for model in names:
         versions = registry.versions(model)
         best = registry.serving(model, lineage.serving.policy)
@@ -139,7 +148,16 @@ def _list(settings: ClientSettings, name: str | None) -> int:
             metric = event.objective.metric
             value = f"{metric}={event.metrics[metric]:.6g}" if metric in event.metrics else "-"
             origin = event.labels.get(models.REGISTERED) or event.lineage.study_id
-            print(f"{mark} {model}@{event.version:<5} {value:<24} {origin}")
+            rows.append((mark, model, str(event.version), value, origin))
+    terminal.table(
+        "models (* served)",
+        ("", "model", "version", "objective", "from"),
+        rows,
+        [
+            f"{mark} {model}@{version:<5} {value:<24} {origin}"
+            for mark, model, version, value, origin in rows
+        ],
+    )
     return 0
 
 

@@ -1,0 +1,3 @@
+from aistack.cli import main
+
+raise SystemExit(main())

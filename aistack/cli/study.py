@@ -1,0 +1,259 @@
+"""``aistack study``: create, watch, inspect, stop and replay tuning studies on
+svc_tuner.
+
+A client of ``aistack.v1.TunerService`` over gRPC; the tuner validates specs
+(an invalid one comes back as INVALID_ARGUMENT naming the field). What a spec
+is and how a study reads in words are ``aistack.studies``'s, shared with the
+Python client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, NamedTuple, TextIO
+
+import typer
+
+from aistack.settings import TunerClientSettings
+
+if TYPE_CHECKING:
+    from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
+
+app = typer.Typer(help="Hyperparameter studies on svc_tuner.", no_args_is_help=True)
+
+
+class TunerFlags(NamedTuple):
+    """``--tuner`` and ``--ca`` as given (None: not given)."""
+
+    tuner: str | None = None
+    ca: str | None = None
+
+
+@app.callback()
+def flags(
+    ctx: typer.Context,
+    tuner: Annotated[
+        str | None,
+        typer.Option(
+            help="svc_tuner's address (AISTACK_TUNER_TARGET, default "
+            f"{TunerClientSettings.model_fields['target'].default})"
+        ),
+    ] = None,
+    ca: Annotated[
+        str | None, typer.Option(help="CA file: use TLS (AISTACK_TUNER_TLS_CA_FILE)")
+    ] = None,
+) -> None:
+    # The settings are read when a command runs, not here: a bad
+    # AISTACK_TUNER_* then fails `aistack study` alone, naming the variable.
+    ctx.obj = TunerFlags(tuner, ca)
+
+
+@dataclass(frozen=True)
+class StudyCommand:
+    """What one ``aistack study`` command asks the tuner."""
+
+    action: str
+    study_id: str = ""
+    spec: str = ""  # create: a spec file's path, or - for standard input
+    code: str | None = None  # create: a directory to ship with the study
+    watch: bool = False  # create: then watch it to the end
+    json: bool = False  # replay: the whole replay as JSON
+
+
+StudyId = Annotated[str, typer.Argument(metavar="STUDY_ID")]
+
+
+@app.command()
+def create(
+    ctx: typer.Context,
+    spec: Annotated[
+        str | None,
+        typer.Argument(metavar="SPEC", help="the spec (YAML or JSON); - for standard input"),
+    ] = None,
+    file: Annotated[str | None, typer.Option("-f", "--file", help="the same as SPEC")] = None,
+    code: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DIR",
+            help="ship this directory with the study: packed, stored in the artifact store "
+            "(AISTACK_TRAINER_ARTIFACT_ROOT) under its sha256, imported by the trainers",
+        ),
+    ] = None,
+    watch: Annotated[bool, typer.Option("--watch", help="then watch it to the end")] = False,
+) -> int:
+    """Create a study from a YAML or JSON spec."""
+    # The spec as SPEC or as -f (the older spelling, kept): exactly one.
+    if spec is None and file is None:
+        raise typer.BadParameter(
+            "one of the arguments SPEC and -f/--file is required", ctx, param_hint="SPEC"
+        )
+    if spec is not None and file is not None:
+        raise typer.BadParameter(
+            "SPEC and -f/--file are the same spec: give one", ctx, param_hint="SPEC"
+        )
+    return run(StudyCommand("create", spec=spec or file or "", code=code, watch=watch), ctx.obj)
+
+
+@app.command("watch")
+def watch_command(ctx: typer.Context, study_id: StudyId) -> int:
+    """Follow a study's trials live until it ends."""
+    return run(StudyCommand("watch", study_id), ctx.obj)
+
+
+@app.command()
+def best(ctx: typer.Context, study_id: StudyId) -> int:
+    """The best trial so far."""
+    return run(StudyCommand("best", study_id), ctx.obj)
+
+
+@app.command()
+def stop(ctx: typer.Context, study_id: StudyId) -> int:
+    """Stop a study: no new trials, running ones told to stop."""
+    return run(StudyCommand("stop", study_id), ctx.obj)
+
+
+@app.command()
+def show(ctx: typer.Context, study_id: StudyId) -> int:
+    """A study's state and trial counts."""
+    return run(StudyCommand("show", study_id), ctx.obj)
+
+
+@app.command()
+def replay(
+    ctx: typer.Context,
+    study_id: StudyId,
+    json: Annotated[bool, typer.Option("--json", help="the whole replay as JSON")] = False,
+) -> int:
+    """Re-run a finished study's proposals from its log and compare them (exit 1 when
+    they differ)."""
+    return run(StudyCommand("replay", study_id, json=json), ctx.obj)
+
+
+def run(command: StudyCommand, flags: TunerFlags) -> int:
+    from shared.settings import load_settings
+
+    connection = tuner_connection(flags, load_settings(TunerClientSettings))
+    return asyncio.run(_run(command, connection))
+
+
+class TunerConnection(NamedTuple):
+    target: str
+    tls_ca_file: Path | None
+    token: str | None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+
+
+def tuner_connection(flags: TunerFlags, settings: TunerClientSettings) -> TunerConnection:
+    """Where and how to reach svc_tuner: the flags, else the settings."""
+    return TunerConnection(
+        flags.tuner or settings.target,
+        Path(flags.ca) if flags.ca else settings.tls_ca_file,
+        settings.auth_token.get_secret_value() if settings.auth_token else None,
+        settings.tls_client_cert_file,
+        settings.tls_client_key_file,
+    )
+
+
+async def _run(command: StudyCommand, connection: TunerConnection) -> int:
+    import grpc
+
+    from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
+    from shared.rpc.client import open_channel
+
+    async with open_channel(
+        connection.target,
+        tls_ca_file=connection.tls_ca_file,
+        tls_cert_file=connection.tls_cert_file,
+        tls_key_file=connection.tls_key_file,
+        token=connection.token,
+    ) as channel:
+        stub = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
+        try:
+            return await dispatch(stub, command)
+        except grpc.aio.AioRpcError as error:
+            print(f"aistack study: {error.code().name}: {error.details()}", file=sys.stderr)
+            return 1
+
+
+async def dispatch(stub: TunerServiceStub, command: StudyCommand) -> int:
+    """Ask the tuner what ``command`` asks; print the answer; the exit status."""
+    from google.protobuf import json_format
+
+    from aistack.studies import describe_replay, describe_study, describe_trial
+    from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+
+    study_id = command.study_id
+    if command.action == "create":
+        return await _create(stub, command)
+    if command.action == "watch":
+        return await watch(stub, study_id, sys.stdout)
+    if command.action == "best":
+        best = await stub.GetBestTrial(api.GetBestTrialRequest(study_id=study_id))
+        print(describe_trial(best.trial))
+        return 0
+    if command.action == "replay":
+        replayed = await stub.ReplayStudy(api.ReplayStudyRequest(study_id=study_id))
+        if command.json:
+            print(json_format.MessageToJson(replayed, sort_keys=True))
+        else:
+            print("\n".join(describe_replay(replayed)))
+        return 0 if replayed.identical else 1
+    if command.action == "stop":
+        stopped = await stub.StopStudy(api.StopStudyRequest(study_id=study_id))
+        print(f"study {study_id}: {api.StudyState.Name(stopped.study.state)}")
+        return 0
+    shown = await stub.GetStudy(api.GetStudyRequest(study_id=study_id))
+    listed = await stub.ListTrials(api.ListTrialsRequest(study_id=study_id))
+    print(describe_study(shown.study, listed.trials))
+    return 0
+
+
+async def _create(stub: TunerServiceStub, command: StudyCommand) -> int:
+    from aistack.settings import ClientSettings
+    from aistack.studies import load_spec, ship_code, with_code
+    from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+    from shared.settings import load_settings
+
+    text = sys.stdin.read() if command.spec == "-" else Path(command.spec).read_text()
+    spec = load_spec(text)
+    if command.code:
+        package = ship_code(Path(command.code), load_settings(ClientSettings).artifact_root())
+        spec = with_code(spec, package)
+        print(f"code {package.name}: sha256 {package.sha256}, {package.size_bytes} bytes")
+    response = await stub.CreateStudy(api.CreateStudyRequest(spec=spec))
+    verb = "created" if response.created else "exists (same spec)"
+    print(f"study {response.study.study_id} {verb}")
+    if command.watch:
+        return await watch(stub, response.study.study_id, sys.stdout)
+    return 0
+
+
+async def watch(stub: TunerServiceStub, study_id: str, out: TextIO) -> int:
+    """Print a progress line per change until the study ends (redrawn in place on a terminal)."""
+    from aistack.studies import Progress
+    from shared.contracts.aistack.v1 import common_pb2
+    from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+
+    study = (await stub.GetStudy(api.GetStudyRequest(study_id=study_id))).study
+    maximize = study.spec.objective.direction == common_pb2.DIRECTION_MAXIMIZE
+    lines = Progress(study.spec.budget.max_trials, maximize)
+    live = out.isatty()
+    state: int = study.state
+    async for update in stub.WatchStudy(api.WatchStudyRequest(study_id=study_id)):
+        state = update.study_state
+        line = lines.update(update.trial)
+        if line is not None:
+            out.write(("\r" + line) if live else (line + "\n"))
+            out.flush()
+    if live:
+        out.write("\n")
+    out.write(f"study {study_id}: {api.StudyState.Name(state)}\n")
+    if state == api.STUDY_STATE_FAILED:
+        shown = (await stub.GetStudy(api.GetStudyRequest(study_id=study_id))).study
+        out.write(f"failed: {shown.error}\n")
+        return 1
+    return 0
