@@ -9,18 +9,27 @@ positive integer, is skipped with its reason, as the model server
 dead-letters it), and which version serves under a policy
 (``shared.settings.ServingSettings``, ``serving``): the champion by
 ``shared.objective``'s rule, or the newest.
-``read`` replays the log to its end.
+Its two readers: ``read`` replays the log to its end, once (a command, batch
+scoring); ``Follower`` replays it and then follows it, for a service that
+keeps the registry up to date (the model server, the drift monitor): no
+service tails the log itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
+from typing import NamedTuple, Protocol
 
-from shared.bus.consumer import read_to_end
+from shared.bus.consumer import BusTail, Record, read_to_end
+from shared.bus.loop import Batch, ConsumeLoop, DeadLetters, Publisher, Source
 from shared.contracts.aistack.v1 import models_pb2
-from shared.errors import InvalidArgument, NotFound, UndecodableRecord
+from shared.errors import InvalidArgument, NotFound, Unavailable, UndecodableRecord
+from shared.log import get_logger
 from shared.objective import champion, version_number
 from shared.settings import KafkaSettings, ServingPolicy
+
+log = get_logger("shared.model_registry")
 
 
 def serving(
@@ -127,3 +136,133 @@ def read(kafka: KafkaSettings, topic: str, timeout: float) -> Registry:
         except UndecodableRecord:
             continue
     return Registry.of(events)
+
+
+class Update(NamedTuple):
+    """One event the follower read: the record that carried it (for the
+    owner's dead letter should it refuse the event later) and why the
+    registry skipped it ("" when it took it)."""
+
+    event: models_pb2.ModelReady
+    record: Record[models_pb2.ModelReady]
+    skipped: str
+
+
+class Tail(Source[models_pb2.ModelReady], Protocol):
+    """What the follower reads: a ``BusTail`` from the log's beginning, or
+    ``shared.bus.testing.MemorySource`` in unit tests."""
+
+    def caught_up(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class Follower:
+    """The registry log replayed from its beginning (``replay``), then
+    followed (``step``), into ``registry``; each returns the updates it read,
+    for the owner to act on. A record that is not a ModelReady is
+    dead-lettered through the owner's ``dead_letters`` (the loop flushes
+    them); a tombstone is passed over: the registry forgets no version. One
+    thread replays, steps and closes."""
+
+    def __init__(
+        self,
+        source: Tail,
+        *,
+        topic: str,
+        publisher: Publisher,
+        dead_letters: DeadLetters,
+        registry: Registry | None = None,
+        poll_timeout: float = 0.2,
+    ) -> None:
+        self.registry = Registry() if registry is None else registry
+        self._source = source
+        self._topic = topic
+        self._read: list[Update] = []
+        self._loop = ConsumeLoop(
+            source,
+            self._take,
+            publisher=publisher,
+            dead_letters=dead_letters,
+            max_records=500,
+            poll_timeout=poll_timeout,
+            skip_tombstones=True,
+        )
+
+    @classmethod
+    def open(
+        cls,
+        kafka: KafkaSettings,
+        topic: str,
+        *,
+        reader: str,
+        publisher: Publisher,
+        dead_letters: DeadLetters,
+        registry: Registry | None = None,
+        poll_timeout: float = 0.2,
+    ) -> Follower:
+        """Every partition of ``topic``, outside any consumer group: every
+        replica sees every version. Its lag is exported under ``reader``.
+        Raises Unavailable (no broker, no topic), ConfigError."""
+        tail: BusTail[models_pb2.ModelReady] = BusTail(
+            kafka,
+            topics=[topic],
+            message_cls=models_pb2.ModelReady,
+            from_beginning=True,
+            reader=reader,
+        )
+        return cls(
+            tail,
+            topic=topic,
+            publisher=publisher,
+            dead_letters=dead_letters,
+            registry=registry,
+            poll_timeout=poll_timeout,
+        )
+
+    def replay(self, timeout: float, stop: Callable[[], bool] = lambda: False) -> list[Update]:
+        """Read up to where the log ended when the follower was opened (or
+        until ``stop()``); returns the last update of each version (an
+        earlier event of a version is no longer news) and every skipped
+        one, in the log's order. Raises Unavailable when the log is not read
+        within ``timeout`` seconds."""
+        started = time.monotonic()
+        read: list[Update] = []
+        while not stop() and not self._source.caught_up():
+            if time.monotonic() - started > timeout:
+                raise Unavailable(
+                    f"the models topic {self._topic} was not replayed within {timeout} s"
+                )
+            read.extend(self.step())
+        latest = _latest(read)
+        log.info(
+            "registry.replayed",
+            topic=self._topic,
+            events=len(read),
+            versions=sum(1 for update in latest if not update.skipped),
+            skipped=sum(1 for update in latest if update.skipped),
+            seconds=round(time.monotonic() - started, 2),
+        )
+        return latest
+
+    def step(self) -> list[Update]:
+        """One poll: the updates it brought, in the log's order."""
+        self._loop.step()
+        read, self._read = self._read, []
+        return read
+
+    def close(self) -> None:
+        self._source.close()
+
+    def _take(self, batch: Batch[models_pb2.ModelReady]) -> None:
+        for event, record in batch:
+            self._read.append(Update(event, record, self.registry.add(event)))
+
+
+def _latest(updates: list[Update]) -> list[Update]:
+    last: dict[tuple[str, int], int] = {}
+    for index, update in enumerate(updates):
+        if not update.skipped:
+            last[(update.event.model_name, version_number(update.event.version))] = index
+    kept = set(last.values())
+    return [u for index, u in enumerate(updates) if u.skipped or index in kept]

@@ -1,36 +1,27 @@
 """The model registry is the log: ``aistack.models.ready``, replayed on start
 and followed after.
 
-One thread runs the bus's consume loop over the topic (every partition, no
-consumer group: every replica of the server sees every model) and hands
-events to the inference core on the event loop, one at a time and in order
-(``svc_model.handlers``). Start-up reads up to where the topic ended when
-the server started, then the core loads what the policy keeps and the
-server reports ready. A record that is not a ModelReady, or an event whose
-artifact is refused, becomes a dead letter with the original bytes and the
-reason; the server keeps serving.
+One thread runs ``shared.model_registry.Follower`` over the topic (every
+partition, no consumer group: every replica of the server sees every model)
+and hands its updates to the inference core on the event loop, one at a
+time and in order (``svc_model.handlers``). Start-up reads up to where the
+topic ended when the server started, then the core loads what the policy
+keeps and the server reports ready. A record that is not a ModelReady, or
+an event whose artifact is refused, becomes a dead letter with the original
+bytes and the reason; the server keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from shared.bus.consumer import BusTail, Record
-from shared.bus.loop import (
-    BatchHandler,
-    ConsumeLoop,
-    DeadLetters,
-    LabelledCounter,
-    Publisher,
-    each,
-)
-from shared.contracts.aistack.v1 import models_pb2
+from shared.bus.loop import DeadLetters, LabelledCounter, Publisher
 from shared.errors import Unavailable
 from shared.log import get_logger
+from shared.model_registry import Follower
 from svc_model.handlers import ModelReadyHandler
 from svc_model.inference import InferenceCore
 from svc_model.settings import ModelSettings
@@ -90,72 +81,36 @@ class RegistryFollower:
         return self._failure
 
     def _run(self, loop: asyncio.AbstractEventLoop, replayed: asyncio.Future[None]) -> None:
+        s = self._settings
         try:
-            tail: BusTail[models_pb2.ModelReady] = BusTail(
-                self._settings.kafka,
-                topics=[self._settings.models_topic],
-                message_cls=models_pb2.ModelReady,
-                from_beginning=True,
+            follower = Follower.open(
+                s.kafka,
+                s.models_topic,
                 reader=f"{SERVICE}.registry",
+                publisher=self._producer,
+                dead_letters=self._dead_letters,
             )
         except Exception as exc:
             self._failure = exc
             loop.call_soon_threadsafe(_set_exception, replayed, exc)
             return
         try:
-            self._replay(tail, loop)
+            updates = follower.replay(s.replay_timeout_seconds, self._stop.is_set)
+            _on(loop, self._handler.replay(updates))
+            self._producer.flush()  # dead letters of refused artifacts
             loop.call_soon_threadsafe(_set_result, replayed)
-            self._follow(tail, loop)
+            while not self._stop.is_set():
+                updates = follower.step()
+                for update in updates:
+                    _on(loop, self._handler.offer(update))
+                if updates:
+                    self._producer.flush()
         except Exception as exc:
             self._failure = exc
             log.exception("registry.failed")
             loop.call_soon_threadsafe(_set_exception, replayed, exc)
         finally:
-            tail.close()
-
-    def _replay(
-        self, tail: BusTail[models_pb2.ModelReady], loop: asyncio.AbstractEventLoop
-    ) -> None:
-        handler = self._handler
-        reading = self._loop(tail, handler.collect, max_records=500)
-        started = time.monotonic()
-        count = 0
-        while not self._stop.is_set() and not tail.caught_up():
-            count += reading.step()
-        log.info(
-            "registry.read",
-            records=count,
-            versions=handler.collected,
-            seconds=round(time.monotonic() - started, 2),
-        )
-        _on(loop, handler.replay())
-        self._producer.flush()  # dead letters of refused artifacts
-
-    def _follow(
-        self, tail: BusTail[models_pb2.ModelReady], loop: asyncio.AbstractEventLoop
-    ) -> None:
-        def offer(event: models_pb2.ModelReady, record: Record[models_pb2.ModelReady]) -> None:
-            _on(loop, self._handler.offer(event, record))
-
-        self._loop(tail, each(offer), max_records=100).run(self._stop.is_set)
-
-    def _loop(
-        self,
-        tail: BusTail[models_pb2.ModelReady],
-        handler: BatchHandler[models_pb2.ModelReady],
-        *,
-        max_records: int,
-    ) -> ConsumeLoop[models_pb2.ModelReady]:
-        # A tombstone is skipped: the registry forgets nothing it has loaded.
-        return ConsumeLoop(
-            tail,
-            handler,
-            publisher=self._producer,
-            dead_letters=self._dead_letters,
-            max_records=max_records,
-            poll_timeout=0.2,
-            skip_tombstones=True,
-        )
+            follower.close()
 
 
 def _on(loop: asyncio.AbstractEventLoop, work: Coroutine[Any, Any, T]) -> T:

@@ -3,7 +3,8 @@
 Start-up, in order:
 
 1. the topics exist;
-2. the registry: ``aistack.models.ready`` replayed from its beginning;
+2. the registry: ``aistack.models.ready`` replayed from its beginning
+   (``shared.model_registry.Follower``);
 3. the re-arm rule: every ``DriftDetected`` on the drift topic, so that a
    restart does not publish again for a version whose horizon has not
    turned over since its last event;
@@ -13,7 +14,8 @@ Start-up, in order:
    not wait for a full horizon), then judged once.
 
 ``run`` then follows both topics from one thread, in turn: new versions
-into the registry, new windows into the horizons and to the judge. Every
+into the registry and the watched versions, new windows into the horizons
+and to the judge. Every
 read is outside any consumer group, so replicas would each publish: run one.
 """
 
@@ -24,11 +26,12 @@ from collections.abc import Callable
 
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from shared import model_registry
 from shared.bus.consumer import BusTail, read_to_end
 from shared.bus.loop import ConsumeLoop, DeadLetters, Publisher
 from shared.bus.producer import BusProducer
 from shared.bus.topics import ensure_topics
-from shared.contracts.aistack.v1 import features_pb2, models_pb2, monitoring_pb2
+from shared.contracts.aistack.v1 import features_pb2, monitoring_pb2
 from shared.errors import Unavailable, UndecodableRecord
 from shared.log import get_logger
 from svc_monitor.handlers import ModelsHandler, WindowsHandler
@@ -59,7 +62,8 @@ class MonitorApp:
         self.settings = settings
         self.producer = producer
         self.metrics = metrics
-        self.registry = Registry(settings.serving.policy)
+        self.models = model_registry.Registry()
+        self.registry = Registry(self.models, settings.serving.policy)
         self.horizons = Horizons(settings.horizon_windows)
         self.judge = Judge(
             settings.thresholds(), settings.horizon_windows, settings.windows_topic, clock_us
@@ -71,7 +75,7 @@ class MonitorApp:
         self.windows_handler = WindowsHandler(
             self.horizons, self.registry, self.judge, producer, settings.drift_topic, metrics
         )
-        self._models: BusTail[models_pb2.ModelReady] | None = None
+        self._follower: model_registry.Follower | None = None
         self._windows: BusTail[features_pb2.FeatureWindow] | None = None
         self._closers: list[Callable[[], None]] = []
 
@@ -93,18 +97,17 @@ class MonitorApp:
     def open(self) -> None:
         s = self.settings
         deadline = time.monotonic() + s.replay_timeout_seconds
-        self._models = BusTail(
+        self._follower = model_registry.Follower.open(
             s.kafka,
-            topics=[s.models_topic],
-            message_cls=models_pb2.ModelReady,
-            from_beginning=True,
+            s.models_topic,
             reader=f"{SERVICE}.models",
+            publisher=self.producer,
+            dead_letters=self.dead_letters,
+            registry=self.models,
+            poll_timeout=0.1,
         )
-        self._closers.append(self._models.close)
-        models = self._models_loop(self._models)
-        while not self._models.caught_up():
-            _before(deadline, s.models_topic)
-            models.step()
+        self._closers.append(self._follower.close)
+        self.models_handler(self._follower.replay(max(deadline - time.monotonic(), 0.0)))
         remembered = self._remember(max(deadline - time.monotonic(), 1.0))
         self._windows = BusTail(
             s.kafka,
@@ -133,12 +136,11 @@ class MonitorApp:
     def run(self, stop: Callable[[], bool]) -> None:
         """Follow both topics until ``stop()`` is true (checked between polls).
         Raises Unavailable when the broker is gone for good."""
-        if self._models is None or self._windows is None:
+        if self._follower is None or self._windows is None:
             raise RuntimeError("MonitorApp.run before open")
-        models = self._models_loop(self._models)
         windows = self._windows_loop(self._windows)
         while not stop():
-            models.step()
+            self.models_handler(self._follower.step())
             windows.step()
 
     def close(self) -> None:
@@ -174,19 +176,6 @@ class MonitorApp:
                     error=str(error),
                 )
         return len(records)
-
-    def _models_loop(
-        self, source: BusTail[models_pb2.ModelReady]
-    ) -> ConsumeLoop[models_pb2.ModelReady]:
-        return ConsumeLoop(
-            source,
-            self.models_handler,
-            publisher=self.producer,
-            dead_letters=self.dead_letters,
-            max_records=500,
-            poll_timeout=0.1,
-            skip_tombstones=True,
-        )
 
     def _windows_loop(
         self, source: BusTail[features_pb2.FeatureWindow]

@@ -1,6 +1,8 @@
-"""svc_monitor's handlers, run by ``shared.bus.loop.ConsumeLoop``: model-ready
-events into the registry, feature windows into the horizons and then the
-judge; what it finds is published on the drift topic, keyed by model name.
+"""svc_monitor's handlers: the model registry's updates (read by
+``shared.model_registry.Follower``) into the watched versions, and, run by
+``shared.bus.loop.ConsumeLoop``, feature windows into the horizons and then
+the judge; what it finds is published on the drift topic, keyed by model
+name.
 
 Thin: the registry, the horizons and the judge are ``svc_monitor.watch`` and
 ``svc_monitor.horizon``. The loop flushes after each batch, so an event is
@@ -10,11 +12,12 @@ delivered before the next batch is read.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from shared.bus.loop import Batch, Publisher
-from shared.contracts.aistack.v1 import features_pb2, models_pb2
+from shared.contracts.aistack.v1 import features_pb2
 from shared.log import get_logger
+from shared.model_registry import Update
 from svc_monitor.horizon import Horizons, Outcome, Position
 from svc_monitor.metrics import MonitorMetrics
 from svc_monitor.watch import Judge, Registry
@@ -27,9 +30,22 @@ class ModelsHandler:
         self._registry = registry
         self._metrics = metrics
 
-    def __call__(self, batch: Batch[models_pb2.ModelReady]) -> None:
-        for event, _ in batch:
-            self._registry.offer(event)
+    def __call__(self, updates: Sequence[Update]) -> None:
+        """After the follower read ``updates``: each model they changed is
+        looked at again. An event the registry skipped (no model, a bad
+        version: the model server dead-letters it) changes nothing."""
+        if not updates:
+            return
+        changed = set()
+        for event, _, skipped in updates:
+            if skipped:
+                log.warning(
+                    "model.skipped", model=event.model_name, version=event.version, reason=skipped
+                )
+            else:
+                changed.add(event.model_name)
+        for name in sorted(changed):
+            self._registry.update(name)
         self._metrics.watched.set(len(self._registry.watched()))
 
 

@@ -1,10 +1,11 @@
 """Which served versions the monitor watches, and its verdicts on them.
 
-- ``Registry``: every version of every model from ``aistack.models.ready``
-  (``shared.model_registry``); per model name the version the model server
-  serves under the serving policy (``AISTACK_MODEL_POLICY``: the champion
-  by ``shared.objective``'s rule, or the newest). A serving version that
-  carries a training distribution is watched on its feature.
+- ``Registry``: per model name, the version the model server serves under
+  the serving policy (``AISTACK_MODEL_POLICY``: the champion by
+  ``shared.objective``'s rule, or the newest), as the model registry
+  (``shared.model_registry``, kept by its follower from
+  ``aistack.models.ready``) says. A serving version that carries a training
+  distribution is watched on its feature.
 - ``Judge``: after a batch of windows, each watched champion whose feature
   got new windows, with at least ``min_windows`` in the horizon, is judged:
   every statistic of its reference against the horizon
@@ -77,38 +78,32 @@ def watched(event: models_pb2.ModelReady) -> Watched | None:
 
 
 class Registry:
-    """Every model's versions; the serving ones with a distribution are watched."""
+    """The serving versions with a distribution, watched. The versions are
+    those of ``models`` (the registry its follower keeps; the models handler
+    says which model changed)."""
 
-    def __init__(self, policy: ServingPolicy = "champion") -> None:
-        self._models = model_registry.Registry()
+    def __init__(self, models: model_registry.Registry, policy: ServingPolicy = "champion") -> None:
+        self._models = models
         self._policy = policy
         self._watched: dict[str, Watched] = {}
 
-    def offer(self, event: models_pb2.ModelReady) -> bool:
-        """Take a version (the last event of a version wins); whether the
-        model's watched version changed. An event the registry skips (no
-        model, a bad version: the model server dead-letters it) changes
-        nothing."""
-        skipped = self._models.add(event)
-        if skipped:
-            log.warning(
-                "model.skipped", model=event.model_name, version=event.version, reason=skipped
-            )
-            return False
-        best = self._models.serving(event.model_name, self._policy)
+    def update(self, name: str) -> bool:
+        """Look again at the model ``name`` after its versions changed;
+        whether its watched version changed."""
+        best = self._models.serving(name, self._policy)
         now = watched(best) if best is not None else None
-        before = self._watched.get(event.model_name)
+        before = self._watched.get(name)
         if now is None:
-            self._watched.pop(event.model_name, None)
+            self._watched.pop(name, None)
         else:
-            self._watched[event.model_name] = now
+            self._watched[name] = now
         changed = (before is None) != (now is None) or (
             before is not None and now is not None and before.serving != now.serving
         )
         if changed:
             log.info(
                 "model.watched" if now is not None else "model.unwatched",
-                model=event.model_name,
+                model=name,
                 version=now.version if now is not None else "",
                 feature=now.feature if now is not None else "",
             )

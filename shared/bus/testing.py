@@ -6,7 +6,8 @@ the idea): no broker, the same ``ConsumeLoop``, the same records.
 - ``record(...)``: a ``Record`` built from a message or from raw bytes, at
   a chosen topic, partition and offset.
 - ``MemorySource``: a ``Committing`` source handing out given records, in
-  batches, and keeping what was committed.
+  batches, and keeping what was committed; a tail (``caught_up``,
+  ``close``) as well.
 """
 
 from __future__ import annotations
@@ -158,6 +159,7 @@ class MemorySource(Generic[MessageT]):
     def __init__(self, records: Iterable[Record[MessageT]] = ()) -> None:
         self.pending: list[Record[MessageT]] = list(records)
         self.committed: list[Record[MessageT]] = []
+        self.closed = False
 
     def poll_batch(self, max_records: int = 500, timeout: float = 1.0) -> list[Record[MessageT]]:
         batch, self.pending = self.pending[:max_records], self.pending[max_records:]
@@ -170,6 +172,9 @@ class MemorySource(Generic[MessageT]):
 
     def caught_up(self) -> bool:
         return not self.pending
+
+    def close(self) -> None:
+        self.closed = True
 
 
 __all__ = ["MemoryPublisher", "MemorySource", "Published", "record"]

@@ -6,7 +6,7 @@ service, ``compose``, ``loadgen``, ``demo``, ``bench`` or the tests;
 the launcher, the load generator, the demo and the services' entry points;
 ``shared`` imports only itself. Outside a service, the launcher, the command
 and the demo reach only its settings and its declared entry points, never its
-insides."""
+insides. Only ``shared`` reads the model registry's log."""
 
 from __future__ import annotations
 
@@ -20,15 +20,22 @@ OURS = {"shared", "aistack", "compose", "demo", "loadgen", "bench", "tests"}
 SERVICES = sorted(p.name for p in ROOT.glob("svc_*") if (p / "__init__.py").is_file())
 
 
+def parsed_modules(package: str) -> dict[str, ast.Module]:
+    """Each module of ``package`` (by path) → its syntax tree."""
+    return {
+        str(path.relative_to(ROOT)): ast.parse(path.read_text(), str(path))
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "__pycache__" not in path.parts
+    }
+
+
 def imported_modules(package: str) -> dict[str, set[str]]:
     """Each module of ``package`` (by path) → the modules it imports, dotted
     (``from pkg import name`` of a top-level package as ``pkg.name``)."""
     found: dict[str, set[str]] = {}
-    for path in sorted((ROOT / package).rglob("*.py")):
-        if "__pycache__" in path.parts:
-            continue
+    for module, tree in parsed_modules(package).items():
         names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names.update(alias.name for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -36,7 +43,7 @@ def imported_modules(package: str) -> dict[str, set[str]]:
                     names.add(node.module)
                 else:  # from svc_x import a_module
                     names.update(f"{node.module}.{alias.name}" for alias in node.names)
-        found[str(path.relative_to(ROOT))] = names
+        found[module] = names
     return found
 
 
@@ -147,3 +154,83 @@ def test_the_framework_code_depends_on_the_plan_alone() -> None:
         if outside:
             wrong[path] = sorted(outside)
     assert wrong == {}
+
+
+#: What reads a topic: the bus's readers, the loop over one, and Kafka's own consumer.
+READERS = {"BusTail", "BusConsumer", "read_to_end", "ConsumeLoop", "Consumer"}
+#: How a reader names the model registry's log: its message, its topic (the
+#: constant, each service's setting, the name itself).
+MODELS_LOG = {"ModelReady", "MODELS_READY", "models_topic", "aistack.models.ready"}
+
+
+def _named(node: ast.AST) -> set[str]:
+    """Every name, attribute and string constant in ``node``."""
+    found = set()
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Name):
+            found.add(inner.id)
+        elif isinstance(inner, ast.Attribute):
+            found.add(inner.attr)
+        elif isinstance(inner, ast.Constant) and isinstance(inner.value, str):
+            found.add(inner.value)
+    return found
+
+
+def _reader(node: ast.AST) -> str:
+    """The reader ``node`` names ("" for none): ``BusTail``, ``loop.ConsumeLoop``."""
+    name = (
+        node.id
+        if isinstance(node, ast.Name)
+        else node.attr
+        if isinstance(node, ast.Attribute)
+        else ""
+    )
+    return name if name in READERS else ""
+
+
+def models_log_reads(tree: ast.AST) -> list[int]:
+    """The lines in ``tree`` that build a reader of the model registry's log:
+    a reader called with its message or its topic (``BusTail(kafka,
+    topics=[s.models_topic], ...)``), or typed for its message
+    (``BusTail[models_pb2.ModelReady]``: a topic passed in a variable)."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _reader(node.func):
+            named = set().union(*map(_named, [*node.args, *node.keywords]))
+        elif isinstance(node, ast.Subscript) and _reader(node.value):
+            named = _named(node.slice)
+        else:
+            continue
+        if named & MODELS_LOG:
+            lines.add(node.lineno)
+    return sorted(lines)
+
+
+def test_only_shared_reads_the_model_registry_log() -> None:
+    """Every service, command and benchmark that keeps or reads the model
+    registry does it through ``shared.model_registry`` (``read``, or its
+    ``Follower``), so the log is replayed by one set of rules (issue 34,
+    item 5). Naming the topic is fine (settings, ACLs) and so is publishing
+    a ModelReady (trainers, ``aistack models register``)."""
+    found = {
+        module: lines
+        for package in [*sorted(OURS - {"shared", "tests"}), *SERVICES]
+        for module, tree in parsed_modules(package).items()
+        if (lines := models_log_reads(tree))
+    }
+    assert found == {}
+
+
+def test_the_rule_finds_a_reader_of_the_models_log() -> None:
+    """A tail named by the topic setting, one typed for the message, a
+    one-off read and a loop over one are found; a tail of another topic and
+    a ModelReady published are not."""
+    tree = ast.parse(
+        "t = BusTail(kafka, topics=[s.models_topic], message_cls=X)\n"
+        "u: BusTail[models_pb2.ModelReady] = make()\n"
+        "records = read_to_end(kafka, topic, models_pb2.ModelReady, 5.0)\n"
+        "loop = bus.loop.ConsumeLoop[models_pb2.ModelReady](source, handler)\n"
+        "w = BusTail(kafka, topics=[s.windows_topic], message_cls=FeatureWindow)\n"
+        "producer.publish(s.models_topic, models_pb2.ModelReady(), key=k)\n"
+    )
+    assert models_log_reads(tree) == [1, 2, 3, 4]

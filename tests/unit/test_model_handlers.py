@@ -1,5 +1,6 @@
-"""svc_model's model-ready handlers on the in-memory bus, over a stand-in
-core: refused artifacts are dead-lettered with the record that carried them."""
+"""svc_model's model-ready handlers fed by the registry's follower on the
+in-memory bus, over a stand-in core: refused artifacts are dead-lettered
+with the record that carried them."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 from shared.bus.consumer import Record
-from shared.bus.loop import ConsumeLoop, DeadLetters, each
+from shared.bus.loop import DeadLetters
 from shared.bus.testing import MemoryPublisher, MemorySource, record
 from shared.contracts.aistack.v1 import models_pb2
 from shared.model_loading import ArtifactRejected
+from shared.model_registry import Follower
 from svc_model.handlers import ModelReadyHandler
 from svc_model.inference import InferenceCore
 
@@ -48,13 +50,19 @@ def ready(version: str, sha: str = "good") -> Ready:
     return Ready(model_name="digits", version=version, sha256=sha)
 
 
-def setup(records: list[Record[Ready]]) -> tuple[Core, ModelReadyHandler, MemoryPublisher, Any]:
+Fed = tuple[Core, ModelReadyHandler, MemoryPublisher, Follower]
+
+
+def follow(records: list[Record[Ready]]) -> Fed:
+    """The handler fed as svc_model.registry feeds it: from the shared follower."""
     core = Core()
     publisher = MemoryPublisher()
     dead_letters = DeadLetters(publisher, topic=DLQ, service="svc_model")
     handler = ModelReadyHandler(cast(InferenceCore, core), dead_letters)
-    source: MemorySource[Ready] = MemorySource(records)
-    return core, handler, publisher, (source, dead_letters)
+    follower = Follower(
+        MemorySource(records), topic="models", publisher=publisher, dead_letters=dead_letters
+    )
+    return core, handler, publisher, follower
 
 
 def test_the_replay_keeps_the_last_event_per_version_and_dead_letters_refusals() -> None:
@@ -64,15 +72,9 @@ def test_the_replay_keeps_the_last_event_per_version_and_dead_letters_refusals()
         record(Ready, ready("1", "new"), offset=2),
         record(Ready, None, offset=3),
     ]
-    core, handler, publisher, (source, dead_letters) = setup(records)
-    loop = ConsumeLoop(
-        source, handler.collect, publisher=publisher, dead_letters=dead_letters,
-        skip_tombstones=True,
-    )  # fmt: skip
+    core, handler, publisher, follower = follow(records)
 
-    loop.step()
-    assert handler.collected == 2
-    asyncio.run(handler.replay())
+    asyncio.run(handler.replay(follower.replay(timeout=5)))
     publisher.flush()
 
     assert sorted(core.replayed) == [("digits", "1", "new"), ("digits", "2", "bad")]
@@ -81,14 +83,26 @@ def test_the_replay_keeps_the_last_event_per_version_and_dead_letters_refusals()
     assert (letter.source.offset, Ready.FromString(letter.original_value).version) == (1, "2")
 
 
+def test_events_the_registry_skips_reach_the_core_once_per_record_kept() -> None:
+    """The core refuses them (and so they are dead-lettered); two of one key
+    are one event, as they are one remembered record."""
+    records = [
+        record(Ready, ready("v1"), offset=0),
+        record(Ready, ready("v1", "again"), offset=1),
+        record(Ready, ready("1"), offset=2),
+    ]
+    core, handler, _, follower = follow(records)
+    asyncio.run(handler.replay(follower.replay(timeout=5)))
+    assert sorted(core.replayed) == [("digits", "1", "good"), ("digits", "v1", "again")]
+
+
 def test_a_followed_event_is_offered_and_a_refused_one_dead_lettered() -> None:
     records = [record(Ready, ready("3"), offset=5), record(Ready, ready("4", "bad"), offset=6)]
-    core, handler, publisher, (source, dead_letters) = setup(records)
+    core, handler, publisher, follower = follow(records)
 
-    def offer(event: Ready, rec: Record[Ready]) -> None:
-        asyncio.run(handler.offer(event, rec))
-
-    ConsumeLoop(source, each(offer), publisher=publisher, dead_letters=dead_letters).step()
+    for update in follower.step():
+        asyncio.run(handler.offer(update))
+    publisher.flush()
 
     assert core.offered == ["3", "4"]
     [letter] = publisher.dead_letters(DLQ)

@@ -1,6 +1,6 @@
 """The model registry every reader of ``aistack.models.ready`` answers from
-(``shared.model_registry``): which events it takes, and which version serves
-under each policy."""
+(``shared.model_registry``): which events it takes, which version serves
+under each policy, and its follower on the in-memory bus."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from shared.bus.consumer import Record
+from shared.bus.loop import DeadLetters
+from shared.bus.testing import MemoryPublisher, MemorySource, record
 from shared.contracts.aistack.v1 import common_pb2, models_pb2
-from shared.errors import NotFound
-from shared.model_registry import Registry, serving
+from shared.errors import NotFound, Unavailable
+from shared.model_registry import Follower, Registry, serving
 from tests.model_events import ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +95,87 @@ def test_unknown_models_and_versions_say_what_there_is() -> None:
         registry.version("m", "x")
     with pytest.raises(NotFound, match=r"^unknown model 'm' \(models: none\)$"):
         Registry().versions("m")
+
+
+# ---- the follower ----
+
+DLQ = "dlq"
+
+
+def records(*values: models_pb2.ModelReady | bytes | None) -> list[Record[models_pb2.ModelReady]]:
+    return [
+        record(models_pb2.ModelReady, value, topic="models", offset=offset)
+        for offset, value in enumerate(values)
+    ]
+
+
+def follower(source: MemorySource[models_pb2.ModelReady]) -> tuple[Follower, MemoryPublisher]:
+    publisher = MemoryPublisher()
+    dead_letters = DeadLetters(publisher, topic=DLQ, service="test")
+    following = Follower(source, topic="models", publisher=publisher, dead_letters=dead_letters)
+    return following, publisher
+
+
+def test_the_replay_gives_the_last_event_of_each_version_and_every_skipped_one() -> None:
+    again, other = ready(1, 0.2), ready(1, 0.5, name="x")
+    source = MemorySource(
+        records(ready(1, 0.3), ready("v2", 0.1), ready(2, 0.4), None, b"not a model", again, other)
+    )
+    following, publisher = follower(source)
+
+    updates = following.replay(timeout=5)
+
+    assert [(u.event.model_name, u.event.version, u.record.offset) for u in updates] == [
+        ("m", "v2", 1),
+        ("m", "2", 2),
+        ("m", "1", 5),
+        ("x", "1", 6),
+    ]
+    assert updates[0].skipped == "model version must be a positive integer, got 'v2'"
+    assert [u.skipped for u in updates[1:]] == ["", "", ""]
+    assert following.registry.version("m", "1") == again
+    assert following.registry.serving("m", "champion") == again
+    # The record that is not a ModelReady is dead-lettered; the tombstone passed over.
+    [letter] = publisher.dead_letters(DLQ)
+    assert (letter.source.offset, letter.reason) == (4, "invalid_protobuf")
+
+
+def test_after_the_replay_each_step_gives_what_it_read_in_order() -> None:
+    source = MemorySource(records(ready(1, 0.3)))
+    following, _ = follower(source)
+    following.replay(timeout=5)
+    assert following.step() == []
+
+    source.pending = records(ready(2, 0.1), ready(2, 0.2), ready(0, 0.1))
+    updates = following.step()
+
+    assert [(u.event.version, u.skipped != "") for u in updates] == [
+        ("2", False),
+        ("2", False),
+        ("0", True),
+    ]
+    assert following.registry.serving("m", "champion") == ready(2, 0.2)
+    assert following.registry.serving("m", "latest") == ready(2, 0.2)
+
+
+class Endless(MemorySource[models_pb2.ModelReady]):
+    """A log that is never read to its end."""
+
+    def caught_up(self) -> bool:
+        return False
+
+
+def test_a_replay_not_done_in_time_is_unavailable_and_one_told_to_stop_stops() -> None:
+    following, _ = follower(Endless())
+    with pytest.raises(Unavailable, match=r"^the models topic models was not replayed within"):
+        following.replay(timeout=0.05)
+    assert follower(Endless())[0].replay(timeout=5, stop=lambda: True) == []
+
+
+def test_closing_the_follower_closes_its_source() -> None:
+    source: MemorySource[models_pb2.ModelReady] = MemorySource()
+    follower(source)[0].close()
+    assert source.closed
 
 
 #: The packages whose modules must ask the registry which version serves.

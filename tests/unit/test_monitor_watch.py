@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from shared import model_registry
 from shared.bus.codec import MessageT
 from shared.bus.consumer import Record
 from shared.bus.loop import BatchHandler, ConsumeLoop, DeadLetters
@@ -23,13 +24,14 @@ from shared.bus.testing import MemoryPublisher, MemorySource, record
 from shared.contracts.aistack.v1 import common_pb2, features_pb2, models_pb2, monitoring_pb2
 from shared.distribution import training_distribution
 from shared.errors import ConfigError
-from shared.settings import load_settings
+from shared.model_registry import Follower
+from shared.settings import ServingPolicy, load_settings
 from svc_monitor.drift import Thresholds
 from svc_monitor.handlers import ModelsHandler, WindowsHandler
 from svc_monitor.horizon import Horizons, Position
 from svc_monitor.metrics import MonitorMetrics
 from svc_monitor.settings import MonitorSettings
-from svc_monitor.watch import Judge, Registry, Verdict, drift_id
+from svc_monitor.watch import Judge, Registry, Verdict, Watched, drift_id
 
 FEATURE = "temperature@tumbling-60s"
 MODEL = "forecast"
@@ -101,11 +103,26 @@ def windows(
     return out
 
 
+class Watching:
+    """The watched versions over a model registry of their own, offered one
+    event at a time as the models handler hands the follower's updates on."""
+
+    def __init__(self, policy: ServingPolicy = "champion") -> None:
+        self.models = model_registry.Registry()
+        self.watch = Registry(self.models, policy)
+
+    def offer(self, event: models_pb2.ModelReady) -> bool:
+        return not self.models.add(event) and self.watch.update(event.model_name)
+
+    def watched(self) -> list[Watched]:
+        return self.watch.watched()
+
+
 class Monitor:
     """Registry, horizons and judge, fed as the handlers feed them."""
 
     def __init__(self, horizon: int = HORIZON) -> None:
-        self.registry = Registry()
+        self.registry = Watching()
         self.horizons = Horizons(horizon)
         self.judge = Judge(Thresholds(), horizon, WINDOWS_TOPIC, lambda: NOW_US)
         self.offsets = itertools.count()
@@ -139,7 +156,7 @@ def events_of(
 
 
 def test_the_champion_with_a_distribution_is_watched_on_its_feature() -> None:
-    registry = Registry()
+    registry = Watching()
     assert registry.offer(model_ready(1, 0.5)) is False  # no distribution: not watched
     assert registry.watched() == []
     assert registry.offer(model_ready(2, 0.4, distribution())) is True
@@ -157,19 +174,19 @@ def test_the_champion_with_a_distribution_is_watched_on_its_feature() -> None:
 
 
 def test_under_the_latest_policy_the_newest_version_is_watched_as_it_serves() -> None:
-    registry = Registry("latest")
+    registry = Watching("latest")
     assert registry.offer(model_ready(1, 0.1, distribution())) is True
     # Worse on its objective, yet it serves under "latest": it is the one watched.
     assert registry.offer(model_ready(2, 0.9, distribution(shift=5.0))) is True
     assert registry.watched()[0].version == "2"
-    champion = Registry()
+    champion = Watching()
     champion.offer(model_ready(1, 0.1, distribution()))
     assert champion.offer(model_ready(2, 0.9, distribution(shift=5.0))) is False
     assert champion.watched()[0].version == "1"
 
 
 def test_an_event_the_registry_skips_changes_nothing() -> None:
-    registry = Registry()
+    registry = Watching()
     registry.offer(model_ready(1, 0.5, distribution()))
     bad = model_ready(2, 0.1, distribution())
     bad.version = "v2"
@@ -180,7 +197,7 @@ def test_an_event_the_registry_skips_changes_nothing() -> None:
 def test_unreadable_references_are_skipped_and_none_left_is_not_watched() -> None:
     broken = distribution()
     del broken.statistics[0].quantiles[3:]
-    registry = Registry()
+    registry = Watching()
     registry.offer(model_ready(1, 0.5, broken))
     [watch] = registry.watched()
     assert set(watch.references) == {"stddev"}
@@ -321,7 +338,8 @@ class Bus:
         self.prometheus = CollectorRegistry()
         self.metrics = MonitorMetrics.create(self.prometheus)
         self.publisher = MemoryPublisher()
-        self.registry = Registry()
+        self.models_registry = model_registry.Registry()
+        self.registry = Registry(self.models_registry)
         self.horizons = Horizons(horizon)
         judge = Judge(Thresholds(), horizon, WINDOWS_TOPIC, lambda: NOW_US)
         self.dead_letters = DeadLetters(
@@ -333,9 +351,16 @@ class Bus:
         )
         self.offsets = itertools.count()
 
-    def models_loop(self, *events: models_pb2.ModelReady) -> None:
+    def models_loop(self, *events: models_pb2.ModelReady | bytes) -> None:
         records = [record(models_pb2.ModelReady, e, topic="models") for e in events]
-        self._run(records, self.models)
+        follower = Follower(
+            MemorySource(records),
+            topic="models",
+            publisher=self.publisher,
+            dead_letters=self.dead_letters,
+            registry=self.models_registry,
+        )
+        self.models(follower.step())
 
     def windows_loop(self, batch: Sequence[features_pb2.FeatureWindow | bytes]) -> None:
         records: list[Record[features_pb2.FeatureWindow]] = []
@@ -389,6 +414,19 @@ def test_the_handlers_publish_one_event_keyed_by_model_and_count_what_they_did()
     assert bus.metric("monitor_dead_letters_total", reason="invalid_protobuf") == 1
     bus.windows_loop(windows(0, 5))  # older than the full horizon
     assert bus.metric("monitor_windows_total", outcome="late") == 5
+
+
+def test_the_models_handler_passes_over_skipped_events_and_dead_letters_non_models() -> None:
+    bus = Bus()
+    bad = model_ready(2, 0.1, distribution(shift=5.0))
+    bad.version = "v2"
+    bus.models_loop(model_ready(1, 0.5, distribution()), bad, b"not a model")
+    bus.publisher.flush()
+    assert [w.version for w in bus.registry.watched()] == ["1"]
+    assert bus.metric("monitor_watched_models") == 1.0
+    assert bus.metric("monitor_dead_letters_total", reason="invalid_protobuf") == 1
+    bus.models_loop(model_ready(2, 0.4))  # serves, without a distribution
+    assert bus.metric("monitor_watched_models") == 0.0
 
 
 def test_while_rebuilding_nothing_is_judged_until_judge_pending() -> None:
