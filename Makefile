@@ -16,7 +16,7 @@ PY := $(VENV)/bin/python
 # the CUDA build either way.
 GPU ?=
 FRAMEWORKS := $(if $(filter-out 0,$(GPU)),trainer-gpu model-gpu,trainer model)
-EXTRAS ?= dev ingest transform monitor tuner tuner-gp $(FRAMEWORKS) client bench docs
+EXTRAS ?= dev ingest transform monitor tuner tuner-gp $(FRAMEWORKS) client dashboard bench docs
 STAMPS := .setup-stamps
 PROTOS := $(shell find proto -name '*.proto')
 
@@ -51,6 +51,21 @@ system-deps:
 	    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else \
 	    echo "missing system packages:$$missing; install them with your package manager" >&2; exit 1; \
+	  fi; \
+	fi
+	@# Chromium, headless, for the tests that look at the report and the dashboards
+	@# in a real browser; without it they skip, saying so.
+	@if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing chromium"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+	      || echo "chromium could not be installed: the browser tests will skip" >&2; \
+	  elif command -v apt-get >/dev/null && command -v sudo >/dev/null; then \
+	    echo "installing chromium (sudo)"; \
+	    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+	      || echo "chromium could not be installed: the browser tests will skip" >&2; \
+	  else \
+	    echo "no chromium: the browser tests will skip (install Debian's chromium to run them)" >&2; \
 	  fi; \
 	fi
 

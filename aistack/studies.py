@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,23 +88,48 @@ def with_code(spec: tuning_pb2.StudySpec, package: common_pb2.CodePackage) -> tu
 # ---- in words ----
 
 
-def progress_line(trials: Iterable[api.Trial], total: int, maximize: bool) -> str:
-    """``[#####.....] 5/16  requested 1  running 3  completed 5 ... best 0.0123 (trial 4)``."""
+@dataclass(frozen=True)
+class StudyProgress:
+    """A watched study at one moment: trials finished of its budget, trials
+    per state, and its best so far ("" before any completed trial)."""
+
+    finished: int
+    total: int
+    counts: tuple[tuple[str, int], ...]
+    best: str
+
+    def text(self) -> str:
+        """``requested 1  running 3  completed 5 ... best 0.0123 (trial 4)``."""
+        parts = [f"{name} {count}" for name, count in self.counts]
+        if self.best:
+            parts.append(self.best)
+        return "  ".join(parts)
+
+    def line(self) -> str:
+        """``[#####.....] 5/16  requested 1 ...``: one line of plain text."""
+        filled = round(BAR_WIDTH * self.finished / self.total) if self.total else 0
+        bar = "#" * filled + "." * (BAR_WIDTH - filled)
+        return f"[{bar}] {self.finished}/{self.total}  {self.text()}"
+
+
+def progress_of(trials: Iterable[api.Trial], total: int, maximize: bool) -> StudyProgress:
     listed = list(trials)
     counts = Counter(
         api.TrialState.Name(t.state).removeprefix("TRIAL_STATE_").lower() for t in listed
     )
     finished = sum(counts[s] for s in ("completed", "pruned", "failed", "quarantined"))
-    filled = round(BAR_WIDTH * finished / total) if total else 0
-    bar = "#" * filled + "." * (BAR_WIDTH - filled)
-    parts = [f"[{bar}] {finished}/{total}"]
-    for name in ("requested", "running", "completed", "pruned", "failed", "quarantined"):
-        parts.append(f"{name} {counts[name]}")
+    states = ("requested", "running", "completed", "pruned", "failed", "quarantined")
     done = [t for t in listed if t.state == api.TRIAL_STATE_COMPLETED and t.HasField("value")]
+    best = ""
     if done:
-        best = (max if maximize else min)(done, key=lambda t: t.value)
-        parts.append(f"best {best.value:.6g} (trial {best.number})")
-    return "  ".join(parts)
+        top = (max if maximize else min)(done, key=lambda t: t.value)
+        best = f"best {top.value:.6g} (trial {top.number})"
+    return StudyProgress(finished, total, tuple((s, counts[s]) for s in states), best)
+
+
+def progress_line(trials: Iterable[api.Trial], total: int, maximize: bool) -> str:
+    """``[#####.....] 5/16  requested 1  running 3  completed 5 ... best 0.0123 (trial 4)``."""
+    return progress_of(trials, total, maximize).line()
 
 
 class Progress:
@@ -115,10 +141,14 @@ class Progress:
         self._maximize = maximize
         self._trials: dict[int, api.Trial] = {}
         self._line = ""
+        self.now = progress_of([], total, maximize)
 
     def update(self, trial: api.Trial) -> str | None:
+        """The new line, or None when nothing a person would see changed
+        (``now`` holds the progress either way)."""
         self._trials[trial.number] = trial
-        line = progress_line(self._trials.values(), self._total, self._maximize)
+        self.now = progress_of(self._trials.values(), self._total, self._maximize)
+        line = self.now.line()
         if line == self._line:
             return None
         self._line = line

@@ -71,6 +71,10 @@ class PortUse(NamedTuple):
 TRAINER_METRICS_PORT_STEP = 10
 
 
+#: The dashboards beside the stack, started only when asked for.
+DASHBOARDS = ("optuna-dashboard", "tensorboard")
+
+
 class StackSettings(BaseSettings):
     """``aistack up``: the local infrastructure plus every service as a process.
 
@@ -97,6 +101,9 @@ class StackSettings(BaseSettings):
     trainer_metrics_port: int = Field(default=9105, ge=1, le=65535)
     model_metrics_port: int = Field(default=9106, ge=1, le=65535)
     monitor_metrics_port: int = Field(default=9107, ge=1, le=65535)
+    # The dashboards (``aistack dashboard``, ``aistack up --dashboard``).
+    optuna_dashboard_port: int = Field(default=8080, ge=1, le=65535)
+    tensorboard_port: int = Field(default=6006, ge=1, le=65535)
 
     infra: InfraSettings = Field(default_factory=InfraSettings)
 
@@ -125,7 +132,7 @@ class StackSettings(BaseSettings):
         from compose.processes import port_taken
         from shared.ports import free_ports
 
-        ports = free_ports(11)
+        ports = free_ports(13)
         trainer_base = ports[8]
         # Every replica's port must be free, and none of the others.
         steps = [TRAINER_METRICS_PORT_STEP * i for i in range(1, trainers)]
@@ -149,6 +156,8 @@ class StackSettings(BaseSettings):
             trainer_metrics_port=trainer_base,
             model_metrics_port=ports[9],
             monitor_metrics_port=ports[10],
+            optuna_dashboard_port=ports[11],
+            tensorboard_port=ports[12],
             trainers=trainers,
         )
 
@@ -209,4 +218,10 @@ class StackSettings(BaseSettings):
                     f"replica {i + 1} uses it + {offset}" if offset else "",
                 )
             )
+        uses += [
+            PortUse(
+                DASHBOARDS[0], "http", self.optuna_dashboard_port, f"{stack}OPTUNA_DASHBOARD_PORT"
+            ),
+            PortUse(DASHBOARDS[1], "http", self.tensorboard_port, f"{stack}TENSORBOARD_PORT"),
+        ]
         return uses

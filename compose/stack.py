@@ -33,12 +33,13 @@ from compose.processes import (
 from compose.secure import ADMIN
 from compose.secure_config import grpc_server_env
 from compose.settings import (
+    DASHBOARDS,
     TRAINER_METRICS_PORT_STEP,
     PortUse,
     StackSettings,
     inherited_environment,
 )
-from shared.errors import NotFound
+from shared.errors import NotFound, Unavailable
 from shared.rpc.client import Endpoint
 from shared.settings import KafkaSettings, RedisSettings, load_settings
 
@@ -76,6 +77,8 @@ class _Service(ManagedProcess):
     env: tuple[tuple[str, str], ...]
     # Its Kafka principal and Redis user in secure mode (replicas share one).
     principal: str
+    # Arguments after ``python -m module``.
+    args: tuple[str, ...] = ()
 
 
 class ServiceStack:
@@ -94,6 +97,9 @@ class ServiceStack:
             module: str,
             addresses: tuple[str, ...],
             ready: tuple[str, int],
+            *,
+            principal: str = "",
+            args: tuple[str, ...] = (),
             **env: str,
         ) -> _Service:
             return _Service(
@@ -107,7 +113,8 @@ class ServiceStack:
                 ready[0],
                 ready[1],
                 tuple(env.items()),
-                module,  # the principal: svc_trainer-2 is svc_trainer
+                principal or module,  # svc_trainer-2 is svc_trainer
+                args,
             )
 
         # Metrics listen on AISTACK_METRICS_HOST: loopback, or 0.0.0.0, which holds it too.
@@ -176,6 +183,30 @@ class ServiceStack:
             )
         )
         self._services = {svc.name: svc for svc in services}
+        # Started only when asked for (``dashboards_up``), stopped by ``down``.
+        optuna_url = f"http://{host}:{s.optuna_dashboard_port}"
+        tensorboard_url = f"http://{host}:{s.tensorboard_port}"
+        dashboards = [
+            # The tuner's own entry point: its journal, its Redis user.
+            service(
+                DASHBOARDS[0],
+                "svc_tuner.dashboard",
+                (optuna_url,),
+                (host, s.optuna_dashboard_port),
+                principal="svc_tuner",
+                AISTACK_TUNER_DASHBOARD_HOST=host,
+                AISTACK_TUNER_DASHBOARD_PORT=str(s.optuna_dashboard_port),
+            ),
+            service(
+                DASHBOARDS[1],
+                "tensorboard.main",
+                (tensorboard_url,),
+                (host, s.tensorboard_port),
+                principal="svc_trainer",
+                args=(f"--host={host}", f"--port={s.tensorboard_port}"),
+            ),
+        ]
+        self._dashboards = {svc.name: svc for svc in dashboards}
         self._supervisor = Supervisor()
 
     # ---- public ----
@@ -184,6 +215,41 @@ class ServiceStack:
     def names(self) -> list[str]:
         """Every name ``status`` reports, in start order: infrastructure first."""
         return [*self.infra.names, *self._services]
+
+    def tensorboard_dir(self) -> Path:
+        """Where the trainers write their TensorBoard runs (one per trial)."""
+        from svc_trainer.settings import TrainerSettings
+
+        trainer = load_settings(TrainerSettings)
+        common = self.settings.infra.common  # the state dir the stack gives the trainers
+        return trainer.model_copy(update={"common": common}).tensorboard_location()
+
+    def dashboards_up(
+        self, *, progress: Callable[[ServiceStatus], object] | None = None
+    ) -> list[ServiceStatus]:
+        """Start optuna-dashboard (on the tuner's journal in this stack's
+        Redis) and TensorBoard (on the trainers' runs) unless they run, and
+        wait until both answer; their statuses. Raises Unavailable when Redis
+        is not running (``up`` first), PortTaken for a port another process
+        holds; on a failure what this call started is stopped again."""
+        if self._infra_pid("redis") is None:
+            raise Unavailable("Redis is not running: start the stack first (aistack up)")
+        self._check_ports(set(self._dashboards))
+        self.root.mkdir(parents=True, exist_ok=True)
+        started: list[_Service] = []
+        try:
+            for svc in self._dashboards.values():
+                if svc.pid() is None:
+                    self._supervisor.kill_leftovers(svc)
+                    self._supervisor.spawn(
+                        svc, self._command(svc), cwd=PROJECT_ROOT, env=self.service_env(svc.name)
+                    )
+                    started.append(svc)
+            self._wait_ready(list(self._dashboards.values()), progress)
+        except BaseException:
+            self._supervisor.stop(started, _STOP_AFTER_FAILURE)
+            raise
+        return [self._status(name) for name in self._dashboards]
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -216,7 +282,7 @@ class ServiceStack:
         ``start_timeout``. On any failure what this call started is stopped
         again.
         """
-        self._check_ports()
+        self._check_ports(set(self.names))
         self._kafka_settings()  # a bad AISTACK_KAFKA_* fails before anything starts
         self.root.mkdir(parents=True, exist_ok=True)
         infra_before = {name: self._infra_pid(name) is not None for name in self.infra.names}
@@ -253,8 +319,9 @@ class ServiceStack:
         services that are not running.
         """
         # Signalled all at once and waited for under one deadline: services
-        # depend only on Kafka and Redis, which stop after them.
-        self._supervisor.stop(list(reversed(self._services.values())), timeout)
+        # (and the dashboards) depend only on Kafka and Redis, which stop after them.
+        stopping = [*self._dashboards.values(), *reversed(self._services.values())]
+        self._supervisor.stop(stopping, timeout)
         self.infra.down(timeout)
         return self.status()
 
@@ -281,8 +348,10 @@ class ServiceStack:
         return self._status(name)
 
     def status(self) -> list[ServiceStatus]:
-        """One status per name in ``names``; reads pid files, changes nothing."""
-        return [self._status(name) for name in self.names]
+        """One status per name in ``names``, then each dashboard that was
+        started (running, or exited); reads pid files, changes nothing."""
+        dashboards = [name for name, svc in self._dashboards.items() if svc.pid_file.exists()]
+        return [self._status(name) for name in [*self.names, *dashboards]]
 
     def log_file(self, name: str) -> Path:
         """The log of ``name`` (a service, "kafka" or "redis"); raises NotFound
@@ -400,12 +469,12 @@ class ServiceStack:
 
     # ---- ports ----
 
-    def _check_ports(self) -> None:
-        """Raise PortTaken for the first port the stack needs that another
-        process holds; ports of our own running processes are ours."""
+    def _check_ports(self, starting: set[str]) -> None:
+        """Raise PortTaken for the first port of ``starting`` (names) that
+        another process holds; ports of our own running processes are ours."""
         running = {s.name for s in self.status() if s.state == "running"}
         for use in self.settings.ports():
-            if use.service in running:
+            if use.service in running or use.service not in starting:
                 continue
             # A metrics port held on any interface would clash (AISTACK_METRICS_HOST
             # may widen ours to all of them); the others bind the infra host.
@@ -417,11 +486,10 @@ class ServiceStack:
 
     def _service(self, name: str) -> _Service:
         try:
-            return self._services[name]
+            return {**self._services, **self._dashboards}[name]
         except KeyError:
-            raise NotFound(
-                f"no service {name!r} in the stack; known: {', '.join(self.names)}"
-            ) from None
+            known = [*self.names, *self._dashboards]
+            raise NotFound(f"no service {name!r} in the stack; known: {', '.join(known)}") from None
 
     def _common_env(self) -> dict[str, str]:
         common = self.settings.infra.common
@@ -443,7 +511,11 @@ class ServiceStack:
         return env
 
     def _command(self, svc: _Service) -> list[str]:
-        return [sys.executable, "-m", svc.module]
+        args = svc.args
+        if svc.name == DASHBOARDS[1]:
+            # Read when TensorBoard starts: a bad AISTACK_TRAINER_* fails it alone.
+            args = (f"--logdir={self.tensorboard_dir()}", *args)
+        return [sys.executable, "-m", svc.module, *args]
 
     def _wait_ready(
         self,
@@ -480,7 +552,7 @@ class ServiceStack:
             addresses: tuple[str, ...] = (server.address,)
             pid = self._infra_pid(name)
         else:
-            svc = self._services[name]
+            svc = self._service(name)
             pid_file, log_file, addresses = svc.pid_file, svc.log_file, svc.addresses
             pid = svc.pid()
         if pid is not None:

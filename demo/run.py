@@ -24,11 +24,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO, TypeVar, cast
+from typing import Any, TypeVar
 
 from compose.settings import StackSettings, apply_infra_flags
 from compose.stack import ServiceStack, ServiceStatus
-from demo.console import Console, ProgressOut, ServiceDied, Summary
+from demo.console import Console, ServiceDied, Summary
 from demo.events import EventsStep
 from demo.loop import LoopStep
 from demo.serving import ServingStep
@@ -70,7 +70,7 @@ def run(args: DemoOptions) -> int:
             stack.down()
         else:
             console.line("the stack keeps running: `aistack status`, `aistack down` to stop it")
-    console.line(summary.table())
+    console.summary(summary)
     return 0
 
 
@@ -218,20 +218,21 @@ class Demo:
 
     def _watch_to_end(self, study_id: str) -> StudyOutcome:
         """Watch an existing study's trials until it ends; its outcome."""
-        from aistack.cli.study import watch as watch_study
+        from aistack.cli.study import follow
+        from shared.contracts.aistack.v1 import tuner_service_pb2 as api
         from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 
-        async def watching() -> None:
+        async def watching() -> int:
             async with self.stack.tuner().open() as channel:
                 stub = TunerServiceStub(channel)  # type: ignore[no-untyped-call]
-                out = cast(TextIO, ProgressOut(self.console))
-                task = asyncio.ensure_future(watch_study(stub, study_id, out))
+                task = asyncio.ensure_future(follow(stub, study_id, self.console.study))
                 while not task.done():
                     await asyncio.to_thread(self.check_services)
                     await asyncio.wait({task}, timeout=2.0)
-                task.result()
+                return task.result()
 
-        asyncio.run(watching())
+        state = asyncio.run(watching())
+        self.console.line(f"  study {study_id}: {api.StudyState.Name(state)}")
         return self._finish(study_id)
 
     def _finish(self, study_id: str) -> StudyOutcome:

@@ -36,6 +36,9 @@ class TunerSettings(GrpcServerSettings):
     # How often studies are topped up and checked for lost trials.
     tick_seconds: float = Field(default=1.0, gt=0, le=60)
     metrics_port: int = Field(default=9104, ge=0, le=65535)
+    # optuna-dashboard on this journal (python -m svc_tuner.dashboard).
+    dashboard_host: str = "127.0.0.1"
+    dashboard_port: int = Field(default=8080, ge=1, le=65535)
 
     def topic_specs(self) -> list[TopicSpec]:
         return topic_specs(

@@ -105,7 +105,13 @@ def _print_infra(statuses: list[ServerStatus]) -> None:
     )
 
 
-def up(brokers: Brokers = None, secure: Secure = False) -> int:
+def up(
+    brokers: Brokers = None,
+    secure: Secure = False,
+    dashboard: Annotated[
+        bool, typer.Option("--dashboard", help="then start the dashboards (aistack dashboard)")
+    ] = False,
+) -> int:
     """Start Kafka, Redis and every service as local processes; wait until ready."""
     from compose.settings import apply_infra_flags
 
@@ -114,7 +120,28 @@ def up(brokers: Brokers = None, secure: Secure = False) -> int:
     services = len(stack.names) - len(stack.infra.names)
     print(f"starting Kafka, Redis and {services} services …", flush=True)
     _print_stack(stack.up(progress=lambda s: print(f"ready: {s.name}", flush=True)))
+    if dashboard:
+        _dashboards_up(stack)
     return 0
+
+
+def dashboard() -> int:
+    """Start optuna-dashboard (the tuner's studies) and TensorBoard (the trainers' runs)
+    beside the running stack and print their URLs; `aistack down` stops them."""
+    _dashboards_up(_service_stack())
+    return 0
+
+
+def _dashboards_up(stack: ServiceStack) -> None:
+    print("starting optuna-dashboard and TensorBoard …", flush=True)
+    what = {
+        "optuna-dashboard": "the tuner's studies: history, importances, intermediate values",
+        "tensorboard": "the trainers' runs: one per trial, with its hyperparameters",
+    }
+    statuses = stack.dashboards_up()
+    _print_stack(statuses)
+    for status in statuses:
+        print(f"{status.name}: {status.addresses[0]}  ({what.get(status.name, '')})")
 
 
 def down() -> int:
@@ -202,7 +229,7 @@ def _print_stack(statuses: list[ServiceStatus]) -> None:
     }
     plain = []
     for name, state, pid, addresses, log in rows:
-        plain.append(f"{name:<14} {state:<8} {pid:<8} {addresses:<44} log: {log}")
+        plain.append(f"{name:<16} {state:<8} {pid:<8} {addresses:<44} log: {log}")
         plain.extend(last_lines.get(name, []))
     terminal.table("stack", ("service", "state", "pid", "addresses", "log"), rows, plain)
     if terminal.on_terminal():

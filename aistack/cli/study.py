@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NamedTuple, TextIO
 
 import typer
 
+from aistack.cli import terminal
 from aistack.settings import TunerClientSettings
 
 if TYPE_CHECKING:
+    from aistack.studies import StudyProgress
     from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 
 app = typer.Typer(help="Hyperparameter studies on svc_tuner.", no_args_is_help=True)
@@ -232,25 +235,41 @@ async def _create(stub: TunerServiceStub, command: StudyCommand) -> int:
     return 0
 
 
-async def watch(stub: TunerServiceStub, study_id: str, out: TextIO) -> int:
-    """Print a progress line per change until the study ends (redrawn in place on a terminal)."""
+async def follow(
+    stub: TunerServiceStub, study_id: str, changed: Callable[[StudyProgress], object]
+) -> int:
+    """Until the study ends: ``changed`` with its progress each time a trial's
+    state (or the best) changes. The state it ended in (``api.StudyState``)."""
     from aistack.studies import Progress
     from shared.contracts.aistack.v1 import common_pb2
     from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 
     study = (await stub.GetStudy(api.GetStudyRequest(study_id=study_id))).study
     maximize = study.spec.objective.direction == common_pb2.DIRECTION_MAXIMIZE
-    lines = Progress(study.spec.budget.max_trials, maximize)
-    live = out.isatty()
+    progress = Progress(study.spec.budget.max_trials, maximize)
     state: int = study.state
     async for update in stub.WatchStudy(api.WatchStudyRequest(study_id=study_id)):
         state = update.study_state
-        line = lines.update(update.trial)
-        if line is not None:
-            out.write(("\r" + line) if live else (line + "\n"))
+        if progress.update(update.trial) is not None:
+            changed(progress.now)
+    return state
+
+
+async def watch(stub: TunerServiceStub, study_id: str, out: TextIO) -> int:
+    """A study's progress until it ends: a Rich progress bar on a terminal, a
+    line per change otherwise; then its end state (exit status 1: failed)."""
+    from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+
+    if out.isatty():
+        with terminal.study_bar(out) as bar:
+            state = await follow(stub, study_id, bar)
+    else:
+
+        def line(progress: StudyProgress) -> None:
+            out.write(progress.line() + "\n")
             out.flush()
-    if live:
-        out.write("\n")
+
+        state = await follow(stub, study_id, line)
     out.write(f"study {study_id}: {api.StudyState.Name(state)}\n")
     if state == api.STUDY_STATE_FAILED:
         shown = (await stub.GetStudy(api.GetStudyRequest(study_id=study_id))).study

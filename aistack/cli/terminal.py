@@ -7,13 +7,16 @@ so they stay as they are whatever a terminal shows.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.progress import Progress
 
     from aistack.lineage import Node
+    from aistack.studies import StudyProgress
 
 
 def on_terminal() -> bool:
@@ -60,3 +63,44 @@ def tree(root: Node) -> None:
     shown = Tree(f"[bold]{escape(root.title)}[/]")
     grow(shown, root)
     _console().print(shown)
+
+
+def progress_bar(console: Console) -> Progress:
+    """A Rich bar for a watched study on ``console``: the bar, trials
+    finished of the budget, then the counts per state (cut to the width)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+    from rich.table import Column
+
+    return Progress(
+        BarColumn(bar_width=24, table_column=Column(min_width=24)),
+        MofNCompleteColumn(table_column=Column(min_width=7)),
+        TextColumn(
+            "{task.description}",
+            table_column=Column(no_wrap=True, overflow="ellipsis", ratio=1),
+        ),
+        console=console,
+        expand=True,
+    )
+
+
+def show_study(bar: Progress, progress: StudyProgress) -> None:
+    """Draw ``progress`` on ``bar``'s one task (added on the first call)."""
+    if not bar.task_ids:
+        bar.add_task("", total=progress.total)
+    bar.update(
+        bar.task_ids[0],
+        total=progress.total,
+        completed=progress.finished,
+        description=progress.text(),
+    )
+
+
+@contextmanager
+def study_bar(out: TextIO) -> Iterator[Callable[[StudyProgress], None]]:
+    """A study's progress bar on ``out`` (a terminal) while the block runs;
+    yields what to call with each change of the study's progress."""
+    from rich.console import Console
+
+    bar = progress_bar(Console(file=out))
+    with bar:
+        yield lambda progress: show_study(bar, progress)

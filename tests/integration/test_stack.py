@@ -3,6 +3,7 @@ on free ports and a throw-away state directory beside the developer's stack."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -56,6 +58,8 @@ def cli_env(settings: StackSettings) -> dict[str, str]:
         "AISTACK_STACK_MODEL_METRICS_PORT": str(settings.model_metrics_port),
         "AISTACK_STACK_MONITOR_METRICS_PORT": str(settings.monitor_metrics_port),
         "AISTACK_STACK_TRAINERS": str(settings.trainers),
+        "AISTACK_STACK_OPTUNA_DASHBOARD_PORT": str(settings.optuna_dashboard_port),
+        "AISTACK_STACK_TENSORBOARD_PORT": str(settings.tensorboard_port),
     }
 
 
@@ -73,6 +77,11 @@ def serving(target: str, service: str) -> bool:
 def metrics_answer(port: int) -> bool:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         return bool(response.status == 200)
+
+
+def json_from(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -167,6 +176,31 @@ def test_up_status_restart_and_down(tmp_path: Path) -> None:
         )
         assert again["svc_trainer-2"].pid is not None
         pids.append(again["svc_trainer-2"].pid)
+
+        # The dashboards, beside the stack, until `down`.
+        shown = subprocess.run(
+            [sys.executable, "-m", "aistack.cli", "dashboard"],
+            env=cli_env(settings),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+        )
+        assert shown.returncode == 0, shown.stderr
+        optuna_url = f"http://127.0.0.1:{settings.optuna_dashboard_port}"
+        tensorboard_url = f"http://127.0.0.1:{settings.tensorboard_port}"
+        assert f"optuna-dashboard: {optuna_url}" in shown.stdout
+        assert f"tensorboard: {tensorboard_url}" in shown.stdout
+        # optuna-dashboard reads the tuner's journal (no study yet); TensorBoard the runs' dir.
+        assert json_from(f"{optuna_url}/api/studies")["study_summaries"] == []
+        logdir = json_from(f"{tensorboard_url}/data/environment")["data_location"]
+        assert logdir == str(state_dir / "tensorboard")
+        dashboards = {s.name: s for s in stack.status()[-2:]}
+        assert {n: s.state for n, s in dashboards.items()} == {
+            "optuna-dashboard": "running",
+            "tensorboard": "running",
+        }
+        pids += [s.pid for s in dashboards.values() if s.pid is not None]
     finally:
         stopping_at = time.monotonic()
         final = stack.down()

@@ -14,7 +14,7 @@ from aistack.cli import terminal
 from aistack.lineage import Node
 
 COMMANDS = {
-    "infra", "up", "down", "status", "env", "logs", "produce", "score", "lineage",
+    "infra", "up", "down", "status", "env", "dashboard", "logs", "produce", "score", "lineage",
     "study", "models", "predict", "demo",
 }  # fmt: skip
 

@@ -271,3 +271,38 @@ def test_gpu_override_reserves_gpus_for_trainers_only() -> None:
     # The main file runs on hosts without GPUs: no reservation there.
     for name, service in load(COMPOSE)["services"].items():
         assert "deploy" not in service, f"{name} reserves resources in the main file"
+
+
+def test_the_dashboards_read_what_the_tuner_and_the_trainers_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """optuna-dashboard is the tuner's own entry point on the tuner's journal
+    and serves where it is published and probed; TensorBoard reads the runs
+    directory the trainers write, on the same volume."""
+    services = load(COMPOSE)["services"]
+    optuna = services["optuna-dashboard"]
+    assert optuna["command"] == ["python", "-m", "svc_tuner.dashboard"]
+    assert (ROOT / "svc_tuner" / "dashboard.py").is_file()
+    assert {"tuner", "dashboard"} <= set(str(optuna["build"]["args"]["EXTRAS"]).split())
+    tuner: Any = service_settings("svc_tuner", services["svc_tuner"], monkeypatch)
+    dashboard: Any = service_settings("svc_tuner", optuna, monkeypatch)
+    assert (dashboard.redis.url, dashboard.storage_prefix) == (
+        tuner.redis.url,
+        tuner.storage_prefix,
+    )
+    port = dashboard.dashboard_port
+    assert f"127.0.0.1:{port}:{port}" in optuna["ports"]
+    assert f"http://127.0.0.1:{port}/" in optuna["healthcheck"]["test"][3]
+
+    board = services["tensorboard"]
+    assert "dashboard" in str(board["build"]["args"]["EXTRAS"]).split()
+    trainer_service = services["svc_trainer"]
+    trainer: Any = service_settings("svc_trainer", trainer_service, monkeypatch)
+    runs = str(trainer.tensorboard_location())
+    command = board["command"]
+    assert command[:3] == ["python", "-m", "tensorboard.main"]
+    assert f"--logdir={runs}" in command
+    assert mount_of(board, runs)[0] == mount_of(trainer_service, runs)[0]
+    port = next(int(a.split("=")[1]) for a in command if a.startswith("--port="))
+    assert f"127.0.0.1:{port}:{port}" in board["ports"]
+    assert f"http://127.0.0.1:{port}/" in board["healthcheck"]["test"][3]

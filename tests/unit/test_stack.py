@@ -108,6 +108,8 @@ def test_default_ports_are_the_documented_ones(monkeypatch: pytest.MonkeyPatch) 
         ("svc_monitor", "metrics"): 9107,
         ("svc_trainer-1", "metrics"): 9105,
         ("svc_trainer-2", "metrics"): 9115,
+        ("optuna-dashboard", "http"): 8080,
+        ("tensorboard", "http"): 6006,
     }
 
 
