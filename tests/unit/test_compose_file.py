@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
@@ -24,6 +25,7 @@ from tests import settings_catalog
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose" / "docker-compose.yml"
 GPU_OVERRIDE = ROOT / "compose" / "docker-compose.gpu.yml"
+BOARD = ROOT / "compose" / "grafana" / "dashboards" / "aistack.json"
 
 SERVICE_SETTINGS: dict[str, type[BaseSettings]] = {
     "svc_ingest": IngestSettings,
@@ -50,13 +52,38 @@ def aistack_services() -> dict[str, dict[str, Any]]:
     return {name: s for name, s in services.items() if name.startswith("svc_")}
 
 
+def is_bind(source: str) -> bool:
+    """A host path (compose resolves it against the file's folder), not a named volume."""
+    return source.startswith(("./", "../", "/"))
+
+
 def mounts(service: dict[str, Any]) -> dict[PurePosixPath, str]:
     """Container path -> named volume, from the short ``volume:path`` syntax."""
     out: dict[PurePosixPath, str] = {}
     for mount in service.get("volumes", []):
         volume, path = mount.split(":")[:2]
-        out[PurePosixPath(path)] = volume
+        if not is_bind(volume):
+            out[PurePosixPath(path)] = volume
     return out
+
+
+def bind_mounts(service: dict[str, Any]) -> dict[PurePosixPath, tuple[Path, str]]:
+    """Container path -> (the checkout's path, mode) of each host path mounted."""
+    out: dict[PurePosixPath, tuple[Path, str]] = {}
+    for mount in service.get("volumes", []):
+        source, path, *mode = mount.split(":")
+        if is_bind(source):
+            out[PurePosixPath(path)] = ((COMPOSE.parent / source).resolve(), "".join(mode))
+    return out
+
+
+def host_file(service: dict[str, Any], location: str) -> Path:
+    """The file of the checkout that a container sees at ``location``."""
+    target = PurePosixPath(location)
+    for path, (source, _) in bind_mounts(service).items():
+        if target == path or path in target.parents:
+            return source / target.relative_to(path)
+    raise AssertionError(f"{location} is on no host path mounted in the service")
 
 
 def mount_of(service: dict[str, Any], location: str) -> tuple[str, PurePosixPath]:
@@ -102,7 +129,11 @@ def test_compose_file_parses_and_names_kafka_and_redis() -> None:
     volumes = set(spec["volumes"])
     for service in services.values():
         for mount in service.get("volumes", []):
-            assert mount.split(":")[0] in volumes
+            source = mount.split(":")[0]
+            if is_bind(source):
+                assert (COMPOSE.parent / source).exists(), f"{source} is not in the checkout"
+            else:
+                assert source in volumes
 
 
 def test_every_aistack_service_runs_and_every_service_package_is_there() -> None:
@@ -306,3 +337,100 @@ def test_the_dashboards_read_what_the_tuner_and_the_trainers_write(
     port = next(int(a.split("=")[1]) for a in command if a.startswith("--port="))
     assert f"127.0.0.1:{port}:{port}" in board["ports"]
     assert f"http://127.0.0.1:{port}/" in board["healthcheck"]["test"][3]
+
+
+def prometheus_config() -> dict[str, Any]:
+    prometheus = load(COMPOSE)["services"]["prometheus"]
+    [flag] = [a for a in prometheus["command"] if a.startswith("--config.file=")]
+    return load(host_file(prometheus, flag.partition("=")[2]))
+
+
+def scraped() -> dict[str, tuple[int, str]]:
+    """Host -> the port Prometheus scrapes there and how it finds it
+    (``static``: one address; ``dns``: every address the name resolves to)."""
+    found: dict[str, tuple[int, str]] = {}
+    for job in prometheus_config()["scrape_configs"]:
+        hosts: dict[str, tuple[int, str]] = {}
+        for static in job.get("static_configs", []):
+            for target in static["targets"]:
+                host, _, port = target.rpartition(":")
+                hosts[host] = (int(port), "static")
+        for dns in job.get("dns_sd_configs", []):
+            assert dns["type"] == "A", "one target per address: each replica's"
+            hosts.update({host: (int(dns["port"]), "dns") for host in dns["names"]})
+        # The job label names the service on the board.
+        assert set(hosts) == {job["job_name"]}, job["job_name"]
+        assert not set(hosts) & set(found), f"{job['job_name']} is scraped twice"
+        found.update(hosts)
+    return found
+
+
+def test_prometheus_scrapes_every_aistack_service_and_each_trainer() -> None:
+    found = scraped()
+    assert set(found) == set(aistack_services())
+    # `--scale svc_trainer=N`: compose's DNS answers the name with every
+    # replica; a static target would reach one of them at random.
+    assert found["svc_trainer"][1] == "dns"
+
+
+@pytest.mark.parametrize("name", sorted(SERVICE_SETTINGS))
+def test_prometheus_scrapes_each_service_where_it_serves_its_metrics(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings: Any = service_settings(name, aistack_services()[name], monkeypatch)
+    port, _ = scraped()[name]
+    assert port == settings.metrics_port != 0
+    # Prometheus is another container: on loopback the service would refuse it.
+    assert settings.common.metrics_host == "0.0.0.0"
+
+
+def test_grafana_shows_the_board_on_prometheus_to_anyone_on_this_host() -> None:
+    services = load(COMPOSE)["services"]
+    grafana = services["grafana"]
+    env = grafana["environment"]
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
+    assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"  # to look, not to edit
+    assert host_file(grafana, env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]) == BOARD
+    assert "127.0.0.1:3000:3000" in grafana["ports"]
+    assert "127.0.0.1:9090:9090" in services["prometheus"]["ports"]
+
+    sources = [
+        source
+        for path in host_file(grafana, "/etc/grafana/provisioning/datasources").glob("*.yml")
+        for source in load(path)["datasources"]
+    ]
+    [source] = sources
+    assert source["type"] == "prometheus"
+    # Prometheus's container by its compose name, on the port it listens on.
+    assert source["url"] == "http://prometheus:9090"
+    assert "prometheus" in services
+    assert not any(a.startswith("--web.listen-address") for a in services["prometheus"]["command"])
+    # $__rate_interval spans at least four of these: several scrapes.
+    assert source["jsonData"]["timeInterval"] == prometheus_config()["global"]["scrape_interval"]
+
+    board = json.loads(BOARD.read_text())
+    uids = set()
+    for panel in board["panels"]:
+        for ref in [panel, *panel.get("targets", [])]:
+            if "datasource" in ref:
+                uids.add(ref["datasource"]["uid"])
+    assert uids == {source["uid"]}
+
+    providers = [
+        provider
+        for path in host_file(grafana, "/etc/grafana/provisioning/dashboards").glob("*.yml")
+        for provider in load(path)["providers"]
+    ]
+    assert [host_file(grafana, p["options"]["path"]) for p in providers] == [BOARD.parent]
+
+
+def test_prometheus_and_grafana_are_pinned_and_read_their_files_only() -> None:
+    services = load(COMPOSE)["services"]
+    # A full version: a floating tag would change Grafana under the board.
+    assert re.fullmatch(r"prom/prometheus:v\d+\.\d+\.\d+", services["prometheus"]["image"])
+    assert re.fullmatch(r"grafana/grafana:\d+\.\d+\.\d+", services["grafana"]["image"])
+    for name in ("prometheus", "grafana"):
+        binds = bind_mounts(services[name])
+        assert binds, f"{name} mounts no configuration"
+        for path, (source, mode) in binds.items():
+            assert mode == "ro", f"{name} may write to {source} at {path}"
