@@ -65,6 +65,8 @@ class Paragraph:
 
 @dataclass(frozen=True)
 class Table:
+    """Rows under ``headers``; all-empty headers: a table of names and values, no head row."""
+
     headers: Sequence[str]
     rows: Sequence[Sequence[object]]
 
@@ -152,7 +154,8 @@ def _part(part: Part) -> str:
             "<tr>" + "".join(f"<td>{_text(cell)}</td>" for cell in row) + "</tr>"
             for row in part.rows
         )
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        thead = f"<thead><tr>{head}</tr></thead>" if any(part.headers) else ""
+        return f"<table>{thead}<tbody>{rows}</tbody></table>"
     if isinstance(part, Figure):
         import plotly.io as pio
 
