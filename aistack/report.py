@@ -205,17 +205,23 @@ def optuna_study(study: api.Study, trials: Iterable[api.Trial]) -> optuna.Study:
     import optuna
     from optuna.trial import TrialState, create_trial
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = search_space.distributions(study.spec)
-    rebuilt = optuna.create_study(
-        study_name=study.study_id,
-        direction=search_space.direction(study.spec),
-        sampler=optuna.samplers.RandomSampler(seed=0),
-    )
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "a new study created"
+    try:
+        rebuilt = optuna.create_study(
+            study_name=study.study_id,
+            direction=search_space.direction(study.spec),
+            sampler=optuna.samplers.RandomSampler(seed=0),
+        )
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    added = 0  # Optuna numbers the trials it is given 0, 1, 2, ...
     for trial in sorted(trials, key=lambda t: t.number):
-        while len(rebuilt.trials) < trial.number:
+        while added < trial.number:
             rebuilt.add_trial(create_trial(state=TrialState.FAIL))
-        if len(rebuilt.trials) > trial.number:
+            added += 1
+        if added > trial.number:
             continue  # a number reported twice: the first stands
         state = TrialState[_STATES.get(trial.state, "FAIL")]
         if state == TrialState.COMPLETE and not trial.HasField("value"):
@@ -239,6 +245,7 @@ def optuna_study(study: api.Study, trials: Iterable[api.Trial]) -> optuna.Study:
                 user_attrs={"tuner_state": api.TrialState.Name(trial.state)},
             )
         )
+        added += 1
     return rebuilt
 
 
