@@ -16,7 +16,7 @@ PY := $(VENV)/bin/python
 # the CUDA build either way.
 GPU ?=
 FRAMEWORKS := $(if $(filter-out 0,$(GPU)),trainer-gpu model-gpu,trainer model)
-EXTRAS ?= dev ingest transform monitor tuner tuner-gp $(FRAMEWORKS) client dashboard bench docs
+EXTRAS ?= dev ingest transform monitor tuner tuner-gp $(FRAMEWORKS) client dashboard report bench docs
 STAMPS := .setup-stamps
 PROTOS := $(shell find proto -name '*.proto')
 

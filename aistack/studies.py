@@ -20,6 +20,7 @@ from shared.artifacts import ArtifactStore
 from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.errors import InvalidArgument
+from shared.search_space import python_value
 
 BAR_WIDTH = 24
 #: Lines of a failed trial's traceback ``describe_study`` shows.
@@ -224,9 +225,5 @@ def describe_replay(replayed: api.ReplayStudyResponse) -> list[str]:
 
 
 def _params(params: Mapping[str, common_pb2.ParamValue]) -> str:
-    return ", ".join(f"{name}={_value(value)!r}" for name, value in sorted(params.items())) or "-"
-
-
-def _value(value: common_pb2.ParamValue) -> Any:
-    kind = value.WhichOneof("kind")
-    return None if kind is None else getattr(value, kind)
+    shown = (f"{name}={python_value(value)!r}" for name, value in sorted(params.items()))
+    return ", ".join(shown) or "-"

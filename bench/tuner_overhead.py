@@ -67,8 +67,9 @@ from shared.bus.consumer import BusConsumer
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import Unavailable
+from shared.search_space import python_value
 from shared.settings import KafkaSettings
-from svc_tuner.spec import python_value, sampler
+from svc_tuner.spec import sampler
 
 GOAL_VS_INPROCESS = 0.9
 GOAL_BEST_VALUE = 0.9

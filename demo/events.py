@@ -26,6 +26,7 @@ from shared.metrics import scraped_sum
 from shared.settings import KafkaSettings
 
 if TYPE_CHECKING:
+    from aistack.report import Flow
     from demo.run import DemoOptions
 
 #: How the demo's raw events look: share of malformed and of repeated records.
@@ -45,7 +46,9 @@ class EventsStep:
     #: also watches the services.
     wait: Callable[..., Any]
 
-    def run(self, args: DemoOptions) -> None:
+    def run(self, args: DemoOptions) -> Flow:
+        """Publish, wait for the flow to settle; its counts, for the report."""
+        from aistack.report import Flow
         from loadgen.plan import generate
         from loadgen.publish import send
         from shared.bus.producer import BusProducer
@@ -135,6 +138,13 @@ class EventsStep:
         dropped = sent["good"] + sent["duplicate"] - counts[EVENTS_CLEAN]
         self.summary.add("repeated records not passed on", f"{dropped} of {sent['duplicate']} sent")
         self.summary.add("feature windows", counts[FEATURES_WINDOWS])
+        return Flow(
+            raw=counts[EVENTS_RAW],
+            clean=counts[EVENTS_CLEAN],
+            dead_letters=dict(reasons),
+            windows=counts[FEATURES_WINDOWS],
+            published=sum(sent.values()),
+        )
 
     def _fresh_epoch_if_late(self, first_event: datetime) -> None:
         from compose.transform_epoch import begin_fresh_epoch, needs_fresh_epoch

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from compose.stack import ServiceStack
 from demo.console import Console, ServiceDied, Summary
+from demo.report import DRIFT, RETUNE, DemoReport, drift_section
+from demo.report import retune as report_retune
 from demo.serving import FORECAST_FEATURE, an_entity
 from shared.settings import KafkaSettings
 
@@ -47,6 +49,8 @@ class LoopStep:
     finish_study: Callable[[str], StudyOutcome]
     #: ``tuner(call)``: ``call`` with a TunerService stub.
     tuner: Callable[[Callable[[Any], Any]], Any]
+    #: Where the drift and the re-tune go for the run's report.
+    report: DemoReport | None = None
 
     def run(self, forecast: StudyOutcome, sensor_events: int) -> None:
         self.console.step(
@@ -56,6 +60,9 @@ class LoopStep:
         )
         if forecast.best is None:
             self.summary.add("the loop", "skipped: the forecast study completed no trial")
+            if self.report is not None:
+                why = "the loop was skipped: the forecast study completed no trial"
+                self.report.missing.update({DRIFT: why, RETUNE: why})
             return
         from shared.bus.consumer import BusTail
         from shared.bus.topics import MONITORING_DRIFT
@@ -71,6 +78,8 @@ class LoopStep:
         finally:
             tail.close()
         self._show_drift(drift)
+        if self.report is not None:
+            self.report.drift = drift_section(self.kafka, drift)
         retune_id = f"{forecast.study_id}-retune-1"
         self._retune(retune_id, forecast, drift)
 
@@ -173,6 +182,8 @@ class LoopStep:
             f"  replayed from its log (aistack study replay {retune_id}): {same} of "
             f"{len(replayed.trials)} proposals identical"
         )
+        if self.report is not None:
+            self.report.retune = report_retune(retune_id, metric, result, serving, best, served)
         self.summary.add("re-tune replayed", f"{same} of {len(replayed.trials)} identical")
         counts = ", ".join(f"{state} {n}" for state, n in sorted(outcome.counts.items()))
         self.summary.add("re-tune trials", f"{retune_id}: {counts}")

@@ -9,7 +9,8 @@ study on the windows Spark wrote; the best model served and called over gRPC
 on held-out digits and on an entity's latest features; then the loop: the
 sensors shift, the monitor reports drift, a warm-started re-tune runs and the
 champion rule decides what serves (``demo.loop``). Ends with one
-summary table and stops the stack unless ``--keep``.
+summary table and the path of the run's report (``demo.report``: one HTML
+file in the state directory), and stops the stack unless ``--keep``.
 
 A service that dies during the demo is shown with its last log lines, and
 the demo exits non-zero. This process talks to the services only as a client
@@ -31,6 +32,7 @@ from compose.stack import ServiceStack, ServiceStatus
 from demo.console import Console, ServiceDied, Summary
 from demo.events import EventsStep
 from demo.loop import LoopStep
+from demo.report import LINEAGE, DemoReport, kfold_section
 from demo.serving import ServingStep
 from shared.settings import KafkaSettings, load_settings
 
@@ -71,6 +73,8 @@ def run(args: DemoOptions) -> int:
         else:
             console.line("the stack keeps running: `aistack status`, `aistack down` to stop it")
     console.summary(summary)
+    if demo.report_path is not None:
+        console.line(f"report: {demo.report_path}")
     return 0
 
 
@@ -89,6 +93,8 @@ class Demo:
         self.args = args
         self.summary = Summary()
         self.run_id = time.strftime("%m%d-%H%M%S")
+        self.report = DemoReport(self.run_id)
+        self.report_path: Path | None = None
 
     def run(self) -> Summary:
         self._stack_up()
@@ -96,7 +102,8 @@ class Demo:
         digits = self._digits_study()
         forecast, cross_validations = self._forecast_study(digits)
         self._comparison(*cross_validations)
-        ServingStep(self.stack, self.console, self.summary, self._wait).run(digits, forecast)
+        serving = ServingStep(self.stack, self.console, self.summary, self._wait)
+        request_id = serving.run(digits, forecast)
         LoopStep(
             self.stack,
             self.console,
@@ -105,10 +112,33 @@ class Demo:
             self._wait,
             finish_study=self._watch_to_end,
             tuner=self._tuner,
+            report=self.report,
         ).run(forecast, self.args.sensor_events)
         self.console.step(8, f"done in {self.console.elapsed:.0f} s")
         self.summary.add("demo wall time", f"{self.console.elapsed:.0f} s")
+        self._write_report(request_id)
         return self.summary
+
+    def _write_report(self, request_id: str | None) -> None:
+        """The run's report into the state directory (``demo.report``), with
+        the lineage of the prediction by entity of step 6. A report that
+        cannot be written is said in one line: the demo's work is done."""
+        from aistack.lineage import trace
+        from aistack.settings import LineageSettings
+        from shared.errors import AistackError
+
+        if request_id is None:
+            self.report.missing[LINEAGE] = "step 6 made no prediction by entity"
+        else:
+            try:
+                settings = LineageSettings(kafka=self._kafka(), timeout_seconds=30)
+                self.report.lineage = trace(settings, request_id)
+            except AistackError as exc:
+                self.report.missing[LINEAGE] = f"prediction {request_id}: {exc}"
+        try:
+            self.report_path = self.report.write(self.stack.settings.infra.common.state_dir)
+        except Exception as exc:  # a by-product: it never fails the run it reports on
+            self.console.line(f"  the report was not written: {type(exc).__name__}: {exc}")
 
     # ---- 1: the stack ----
 
@@ -126,7 +156,9 @@ class Demo:
     def events(self) -> None:
         """Step 2: raw events in, cleaned and windowed (on whatever state an
         earlier run left)."""
-        EventsStep(self.stack, self.console, self.summary, self._kafka(), self._wait).run(self.args)
+        self.report.flow = EventsStep(
+            self.stack, self.console, self.summary, self._kafka(), self._wait
+        ).run(self.args)
 
     def check_services(self) -> None:
         """Raise ServiceDied with its last log lines if a service is not running."""
@@ -173,6 +205,7 @@ class Demo:
         )
         digits = self._study(spec, watch=True)
         self._study_summary("digits study", digits)
+        self.report.study = self._tuner(lambda stub: _study_and_trials(stub, digits.study_id))
         return digits
 
     def _forecast_study(self, digits: StudyOutcome) -> tuple[StudyOutcome, tuple[str, str]]:
@@ -304,6 +337,7 @@ class Demo:
         )
         self.summary.add("did tuning help", helped)
         self.summary.add("tuned CNN vs SVC", versus_svc)
+        self.report.kfold = kfold_section(errors, [helped, versus_svc])
 
     def _fold_errors(self, study_id: str) -> list[float]:
         """Each fold's error, from the study's trials (one fold each)."""
@@ -321,6 +355,14 @@ class Demo:
 
     def _kafka(self) -> KafkaSettings:
         return self.stack.client_kafka()
+
+
+def _study_and_trials(stub: Any, study_id: str) -> tuple[Any, list[Any]]:
+    """A study and its trials, as the tuner's API returns them."""
+    from shared.contracts.aistack.v1 import tuner_service_pb2 as api
+
+    study = stub.GetStudy(api.GetStudyRequest(study_id=study_id)).study
+    return study, list(stub.ListTrials(api.ListTrialsRequest(study_id=study_id)).trials)
 
 
 def _pruner_name(spec: Any) -> str:

@@ -28,7 +28,9 @@ class ServingStep:
     #: watches the services.
     wait: Callable[[str, Callable[[], Any], float, Callable[[], str]], Any]
 
-    def run(self, digits: StudyOutcome, forecast: StudyOutcome) -> None:
+    def run(self, digits: StudyOutcome, forecast: StudyOutcome) -> str | None:
+        """Serve and call the best models; the request id of the prediction
+        by entity (its lineage goes into the report), None without one."""
         self.console.step(6, "the best model, served: predictions over gRPC")
         if digits.best is None:
             raise ServiceDied("the digits study completed no trial: nothing to serve")
@@ -39,7 +41,8 @@ class ServingStep:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
             self._predict_digits(stub, digits)
             if forecast.best is not None:
-                self._predict_entity(stub, forecast)
+                return self._predict_entity(stub, forecast)
+        return None
 
     def _predict_digits(self, stub: Any, digits: StudyOutcome) -> None:
         import numpy as np
@@ -84,7 +87,7 @@ class ServingStep:
         self.summary.add("held-out accuracy over gRPC", f"{accuracy:.2%} of {len(y_test)}")
         self.summary.add("gRPC latency p50 / p99", f"{p50 * 1000:.2f} ms / {p99 * 1000:.2f} ms")
 
-    def _predict_entity(self, stub: Any, forecast: StudyOutcome) -> None:
+    def _predict_entity(self, stub: Any, forecast: StudyOutcome) -> str | None:
         import numpy as np
 
         from shared.contracts.inference import grpc_predict_v2_pb2 as pb
@@ -99,7 +102,7 @@ class ServingStep:
             redis.close()
         if entity is None:
             self.summary.add("prediction by entity", f"no entity has {FORECAST_FEATURE} online")
-            return
+            return None
         request = pb.ModelInferRequest(model_name=name)
         request.parameters["entity_id"].string_param = entity
         request.parameters["feature"].string_param = FORECAST_FEATURE
@@ -124,6 +127,8 @@ class ServingStep:
         self.summary.add(
             "prediction by entity", f"{entity}: next mean {value:.2f} (last {last:.2f})"
         )
+        request_id: str = response.parameters["request_id"].string_param
+        return request_id or None
 
 
 def _request(name: str, x: Any) -> Any:

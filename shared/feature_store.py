@@ -177,6 +177,19 @@ def online_field(metric: str, window: str, path: str = "") -> str:
     return f"{metric}|path={path}@{window}" if path else f"{metric}@{window}"
 
 
+def window_fields(window: FeatureWindow) -> list[str]:
+    """The features (online fields) a window belongs to: its metric and
+    kind's path-less field (trainers train on every path's series at once)
+    and, when it has a path, that path's field too. The drift monitor's
+    horizons and a reader of the windows it judged both go by it."""
+    kind = window_kind(window.window_size.seconds, window.window_slide.seconds)
+    fields = [online_field(window.metric, kind)]
+    path = window.dimensions.get("path", "")
+    if path:
+        fields.append(online_field(window.metric, kind, path))
+    return fields
+
+
 #: The label of a model version (``ModelReady.labels``) naming the online
 #: field (``online_field``) it was trained on: the one svc_model reads for a
 #: request that names an entity and no feature. Trainers and

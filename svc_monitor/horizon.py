@@ -2,9 +2,8 @@
 ``aistack.features.windows``, each with its statistics and where it was read.
 
 A feature is an online-store field (``shared.feature_store.online_field``):
-a metric and a window kind, and a request path for web requests. A window
-belongs to its metric and kind's path-less field (trainers train on every
-path's series at once) and, when it has a path, to that path's field too.
+a metric and a window kind, and a request path for web requests; the fields
+a window belongs to are ``shared.feature_store.window_fields``.
 
 "Latest" is by window start (then window key), not by arrival: partitions
 interleave as they please, and the horizon is the same whatever order they
@@ -25,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
-from shared.feature_store import FEATURE_STATS, online_field, window_kind
+from shared.feature_store import FEATURE_STATS, window_fields
 
 #: The statistics a window carries, by FeatureWindow field.
 STATISTICS = (*FEATURE_STATS, "last", "error_rate")
@@ -57,16 +56,6 @@ class Entry:
     @property
     def order(self) -> tuple[int, str]:
         return (self.start_us, self.key)
-
-
-def features_of(window: FeatureWindow) -> list[str]:
-    """The features (online fields) whose horizon the window belongs to."""
-    kind = window_kind(window.window_size.seconds, window.window_slide.seconds)
-    fields = [online_field(window.metric, kind)]
-    path = window.dimensions.get("path", "")
-    if path:
-        fields.append(online_field(window.metric, kind, path))
-    return fields
 
 
 def entry_of(window: FeatureWindow, position: Position) -> Entry:
@@ -140,7 +129,7 @@ class Horizons:
         """The window in each of its features' horizons; what it was to each."""
         entry = entry_of(window, position)
         outcomes = {}
-        for feature in features_of(window):
+        for feature in window_fields(window):
             horizon = self._horizons.get(feature)
             if horizon is None:
                 horizon = self._horizons[feature] = Horizon(self.capacity)

@@ -29,7 +29,7 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
-from shared import objective
+from shared import objective, search_space
 from shared.contracts.aistack.v1 import monitoring_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.errors import AlreadyExists, FailedPrecondition, NotFound
@@ -131,7 +131,7 @@ class Engine:
         study = optuna.create_study(
             storage=self._storage,
             study_name=spec.name,
-            direction=specs.direction(spec),
+            direction=search_space.direction(spec),
             sampler=specs.seeded_sampler(spec),
             pruner=specs.pruner(spec),
         )
@@ -330,7 +330,7 @@ class Engine:
         room = min(spec.budget.max_parallel - len(in_flight), budget_left)
         skipped = 0
         while room > 0 and skipped < 100:
-            asked = study.ask(specs.distributions(spec))
+            asked = study.ask(search_space.distributions(spec))
             if _key(asked.params) in quarantined:
                 # Kept out of the rest of the study, and not counted against it.
                 asked.set_user_attr(RUN_ATTR, Run(outcome=SKIPPED).dump())
@@ -441,7 +441,7 @@ class Engine:
             result.best_model_name = model.model_name
             result.best_model_version = model.model_version
             for name, value in best.params.items():
-                result.best_params[name].CopyFrom(specs.param_value(value))
+                result.best_params[name].CopyFrom(search_space.param_value(value))
         for trial in self.trials(study_id):
             if is_refit(trial) and trial.state == OptunaState.COMPLETE:
                 model = Result.of(trial)
@@ -544,7 +544,7 @@ class Engine:
         best = self.best(spec.name)
         assert best is not None  # _refit_due saw a completed trial
         study.enqueue_trial(best.params, skip_if_exists=False)
-        asked = study.ask(specs.distributions(spec))
+        asked = study.ask(search_space.distributions(spec))
         asked.set_user_attr(RUN_ATTR, Run(seen=self._clock(), refit=True).dump())
         log.info("study.refit", study=spec.name, trial=asked.number, best_trial=best.number)
         frozen = self._storage.get_trial(asked._trial_id)
@@ -626,7 +626,7 @@ class Engine:
             heartbeat_interval=Duration(seconds=max(1, int(timeout / HEARTBEAT_FRACTION))),
         )
         for name, value in trial.params.items():
-            request.params[name].CopyFrom(specs.param_value(value))
+            request.params[name].CopyFrom(search_space.param_value(value))
         request.requested_time.FromSeconds(int(self._clock()))
         if spec.HasField("seed"):
             request.seed = spec.seed + trial.number

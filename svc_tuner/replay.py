@@ -23,6 +23,7 @@ from optuna.storages import InMemoryStorage
 from optuna.trial import FrozenTrial
 from optuna.trial import TrialState as OptunaState
 
+from shared import search_space
 from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from svc_tuner import spec as specs
@@ -40,11 +41,11 @@ def replay(spec: tuning_pb2.StudySpec, trials: Sequence[FrozenTrial]) -> api.Rep
     study = optuna.create_study(
         storage=storage,
         study_name=spec.name,
-        direction=specs.direction(spec),
+        direction=search_space.direction(spec),
         sampler=specs.seeded_sampler(spec),
         pruner=specs.pruner(spec),
     )
-    space = specs.distributions(spec)
+    space = search_space.distributions(spec)
     response = api.ReplayStudyResponse(study_id=spec.name, task=spec.task)
     numbers: dict[int, int] = {}
     for kind, trial in _events([t for t in trials if t.state != OptunaState.WAITING]):
@@ -112,4 +113,4 @@ def _compared(trial: FrozenTrial, replayed: dict[str, Any], *, enqueued: bool) -
 
 
 def _values(params: dict[str, Any]) -> dict[str, common_pb2.ParamValue]:
-    return {name: specs.param_value(value) for name, value in params.items()}
+    return {name: search_space.param_value(value) for name, value in params.items()}

@@ -1,4 +1,5 @@
-"""Study specs: validation, and the Optuna objects a spec stands for.
+"""Study specs: validation, and the Optuna samplers and pruners a spec stands
+for (its distributions and direction: ``shared.search_space``).
 
 A spec arrives as ``aistack.v1.StudySpec`` over gRPC (the CLI reads it from
 YAML or JSON: ``aistack.studies.load_spec``). ``validate`` raises ``SpecError``
@@ -18,12 +19,7 @@ from typing import Any
 import numpy as np
 import optuna
 import yaml
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
+from optuna.distributions import BaseDistribution
 from optuna.pruners import BasePruner
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
@@ -31,8 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 from shared import code_refs
 from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
 from shared.errors import FailedPrecondition, InvalidArgument
-
-Choice = float | int | str | bool
+from shared.search_space import Choice, python_value
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 DEFAULT_MAX_ATTEMPTS = 3
@@ -161,52 +156,11 @@ def _validate_budget(budget: tuning_pb2.Budget) -> None:
 # ---- values ----
 
 
-def python_value(value: common_pb2.ParamValue) -> Choice | None:
-    kind = value.WhichOneof("kind")
-    return None if kind is None else getattr(value, kind)
-
-
-def param_value(value: Any) -> common_pb2.ParamValue:
-    """A Python parameter value as ParamValue, keeping its type (bool before int)."""
-    if isinstance(value, bool):
-        return common_pb2.ParamValue(bool_value=value)
-    if isinstance(value, int):
-        return common_pb2.ParamValue(int_value=value)
-    if isinstance(value, float):
-        return common_pb2.ParamValue(float_value=value)
-    if isinstance(value, str):
-        return common_pb2.ParamValue(string_value=value)
-    raise TypeError(f"no ParamValue for {type(value).__name__}")
-
-
 def max_attempts(spec: tuning_pb2.StudySpec) -> int:
     return spec.budget.max_attempts or DEFAULT_MAX_ATTEMPTS
 
 
 # ---- Optuna ----
-
-
-def direction(spec: tuning_pb2.StudySpec) -> optuna.study.StudyDirection:
-    maximize = spec.objective.direction == common_pb2.DIRECTION_MAXIMIZE
-    return (
-        optuna.study.StudyDirection.MAXIMIZE if maximize else optuna.study.StudyDirection.MINIMIZE
-    )
-
-
-def distributions(spec: tuning_pb2.StudySpec) -> dict[str, BaseDistribution]:
-    space: dict[str, BaseDistribution] = {}
-    for param in spec.params:
-        domain = param.WhichOneof("domain")
-        if domain == "float_range":
-            r = param.float_range
-            space[param.name] = FloatDistribution(r.low, r.high, log=r.log, step=r.step or None)
-        elif domain == "int_range":
-            i = param.int_range
-            space[param.name] = IntDistribution(i.low, i.high, log=i.log, step=i.step or 1)
-        else:
-            choices = tuple(python_value(c) for c in param.categorical.choices)
-            space[param.name] = CategoricalDistribution(choices)
-    return space
 
 
 def trial_seed(seed: int, *keys: int) -> int:

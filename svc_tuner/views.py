@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from optuna.trial import FrozenTrial
 
+from shared import search_space
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
-from svc_tuner import spec as specs
 from svc_tuner.engine import Engine
 from svc_tuner.record import details, trial_id, trial_state
 
@@ -27,7 +27,7 @@ def trial_message(study_id: str, trial: FrozenTrial) -> api.Trial:
         traceback=shown.traceback,
     )
     for name, value in trial.params.items():
-        message.params[name].CopyFrom(specs.param_value(value))
+        message.params[name].CopyFrom(search_space.param_value(value))
     if trial.value is not None:
         message.value = trial.value
     for step, value in sorted(trial.intermediate_values.items()):

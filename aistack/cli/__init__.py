@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import typer
 from typer.core import TyperGroup
 
-from aistack.cli import demo, lineage, models, predict, produce, score, stack, study
+from aistack.cli import demo, lineage, models, predict, produce, report, score, stack, study
 from shared.errors import AistackError
 
 app = typer.Typer(
@@ -40,6 +40,7 @@ app.add_typer(study.app, name="study")
 app.add_typer(models.app, name="models")
 app.command()(predict.predict)
 app.command()(demo.demo)
+app.command()(report.report)
 
 
 def command() -> TyperGroup:

@@ -13,13 +13,13 @@ import pytest
 
 from aistack import cli
 from aistack.studies import load_spec
+from shared import search_space
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import models_pb2, monitoring_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 from shared.objective import baseline_metric
 from shared.rpc.client import open_channel
-from svc_tuner import spec as specs
 from tests.infra import Infra, read_topic, wait_until
 from tests.integration import test_tuner_service
 from tests.integration.test_tuner_service import SPEC, _run_study, _wait_ready
@@ -40,7 +40,7 @@ def _replay(target: str, study_id: str) -> api.ReplayStudyResponse:
 
 
 def _params(params: object) -> dict[str, object]:
-    return {k: specs.python_value(v) for k, v in params.items()}  # type: ignore[attr-defined]
+    return {k: search_space.python_value(v) for k, v in params.items()}  # type: ignore[attr-defined]
 
 
 def test_a_finished_study_replays_twice_to_its_own_proposals(

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared import search_space
 from shared.bus.consumer import BusConsumer
 from shared.bus.producer import BusProducer
 from shared.bus.topics import ensure_topics
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.ports import free_port
 from shared.settings import KafkaSettings
-from svc_tuner import spec as specs
 from svc_tuner.settings import topic_specs
 from tests.infra import Infra
 
@@ -107,8 +107,8 @@ class TunerProcess:
 
 def quadratic(request: tuning_pb2.TrialRequested) -> float:
     """Smallest (0) at x = 1, y = -2."""
-    x = specs.python_value(request.params["x"])
-    y = specs.python_value(request.params["y"])
+    x = search_space.python_value(request.params["x"])
+    y = search_space.python_value(request.params["y"])
     assert isinstance(x, float) and isinstance(y, int)
     return (x - 1.0) ** 2 + (y + 2) ** 2
 

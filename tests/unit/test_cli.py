@@ -15,7 +15,7 @@ from aistack.lineage import Node
 
 COMMANDS = {
     "infra", "up", "down", "status", "env", "dashboard", "logs", "produce", "score", "lineage",
-    "study", "models", "predict", "demo",
+    "study", "models", "predict", "demo", "report",
 }  # fmt: skip
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
-from svc_monitor.horizon import Horizon, Horizons, Outcome, Position, entry_of, features_of
+from shared.feature_store import window_fields
+from svc_monitor.horizon import Horizon, Horizons, Outcome, Position, entry_of
 
 T0_US = 1_700_000_000_000_000
 MINUTE_US = 60_000_000
@@ -42,9 +43,9 @@ def window(
 
 
 def test_a_window_belongs_to_its_kinds_field_and_its_paths() -> None:
-    assert features_of(window(0)) == ["temperature@tumbling-60s"]
-    assert features_of(window(0, size=300, slide=60)) == ["temperature@sliding-300s-every-60s"]
-    assert features_of(window(0, metric="http.latency_ms", path="/api/orders")) == [
+    assert window_fields(window(0)) == ["temperature@tumbling-60s"]
+    assert window_fields(window(0, size=300, slide=60)) == ["temperature@sliding-300s-every-60s"]
+    assert window_fields(window(0, metric="http.latency_ms", path="/api/orders")) == [
         "http.latency_ms@tumbling-60s",
         "http.latency_ms|path=/api/orders@tumbling-60s",
     ]

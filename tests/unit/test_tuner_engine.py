@@ -17,10 +17,10 @@ from optuna.storages import BaseStorage, InMemoryStorage, JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 from aistack.studies import load_spec
+from shared import search_space
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import AlreadyExists, NotFound
-from svc_tuner import spec as specs
 from svc_tuner.engine import Engine, Outcome
 from svc_tuner.record import details, trial_state
 
@@ -47,8 +47,8 @@ class Clock:
 
 
 def quadratic(request: tuning_pb2.TrialRequested) -> float:
-    x = specs.python_value(request.params["x"])
-    y = specs.python_value(request.params["y"])
+    x = search_space.python_value(request.params["x"])
+    y = search_space.python_value(request.params["y"])
     assert isinstance(x, float) and isinstance(y, int)
     return (x - 1.0) ** 2 + (y + 2) ** 2
 
@@ -349,7 +349,7 @@ def test_a_refit_trains_the_best_parameters_once_more_after_the_budget(
     assert tuner.state(study_id) == api.STUDY_STATE_RUNNING  # the refit is due
     (refit,) = publish(tuner, tuner.ask(study_id))
     assert refit.trial_number == 3 and refit.task.options["refit"] == "true"
-    assert {k: specs.python_value(v) for k, v in refit.params.items()} == best.params
+    assert {k: search_space.python_value(v) for k, v in refit.params.items()} == best.params
     assert tuner.ask(study_id).requests == []  # once
     # Worse than every other trial at step 1, where the median rule prunes:
     # a refit reports on data it trains on and is never pruned by it.

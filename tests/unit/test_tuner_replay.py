@@ -13,10 +13,10 @@ from optuna.storages import BaseStorage, InMemoryStorage, JournalStorage
 from optuna.storages.journal import JournalFileBackend
 
 from aistack.studies import describe_replay, load_spec
+from shared import search_space
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import FailedPrecondition, NotFound
-from svc_tuner import spec as specs
 from svc_tuner.engine import Engine
 from svc_tuner.replay import replay
 from tests.unit.test_tuner_engine import QUADRATIC, Clock, completed, publish, quadratic, report
@@ -29,7 +29,7 @@ def _storages(kind: str, tmp_path: Path, name: str) -> BaseStorage:
 
 
 def _params(request: tuning_pb2.TrialRequested) -> dict[str, object]:
-    return {k: specs.python_value(v) for k, v in request.params.items()}
+    return {k: search_space.python_value(v) for k, v in request.params.items()}
 
 
 def _drive(engine_for_step: object, study_id: str, steps: int) -> list[dict[str, object]]:
@@ -123,7 +123,8 @@ def test_a_finished_study_replays_to_the_same_proposals(
     assert api.TRIAL_STATE_COMPLETED in states
     for trial, frozen in zip(replayed.trials, logged, strict=True):
         assert trial.matches and not trial.enqueued
-        assert {k: specs.python_value(v) for k, v in trial.replayed_params.items()} == frozen.params
+        replayed_params = trial.replayed_params.items()
+        assert {k: search_space.python_value(v) for k, v in replayed_params} == frozen.params
     assert replayed.task == engine.spec(study_id).task
     lines = describe_replay(replayed)
     assert lines[-1] == f"study {study_id}: replay identical: 9 trials proposed as logged"

@@ -8,10 +8,10 @@ from __future__ import annotations
 from optuna.storages import InMemoryStorage
 
 from aistack.studies import load_spec
+from shared import search_space
 from shared.contracts.aistack.v1 import models_pb2, monitoring_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.objective import VERSION_OFFSET, baseline_metric
-from svc_tuner import spec as specs
 from svc_tuner.engine import Engine
 from tests.unit.test_tuner_engine import QUADRATIC, Clock, publish, quadratic, report
 
@@ -19,7 +19,7 @@ RETUNE = "retune: {on_drift: true, max_trials: 4, warm_trials: 2}\n"
 
 
 def _params(request: tuning_pb2.TrialRequested) -> dict[str, object]:
-    return {k: specs.python_value(v) for k, v in request.params.items()}
+    return {k: search_space.python_value(v) for k, v in request.params.items()}
 
 
 def _complete(

@@ -10,6 +10,7 @@ import optuna
 import pytest
 
 from aistack.studies import load_spec
+from shared import search_space
 from shared.contracts.aistack.v1 import tuning_pb2
 from shared.errors import FailedPrecondition, InvalidArgument
 from svc_tuner import spec as specs
@@ -46,14 +47,14 @@ def test_the_articles_search_space_loads_from_yaml_and_is_valid() -> None:
     spec = digits()
     specs.validate(spec)
 
-    space = specs.distributions(spec)
+    space = search_space.distributions(spec)
     assert space["learning_rate"] == optuna.distributions.FloatDistribution(1e-4, 1e-1, log=True)
     assert space["dropout"] == optuna.distributions.FloatDistribution(0.0, 0.5, step=0.1)
     assert space["kernel_width"] == optuna.distributions.IntDistribution(3, 7, step=2)
     assert space["batch_size"] == optuna.distributions.CategoricalDistribution((32, 64, 128))
     assert spec.budget.trial_timeout.ToSeconds() == 120 and spec.seed == 7
     assert (
-        specs.direction(spec) == optuna.study.StudyDirection.MINIMIZE
+        search_space.direction(spec) == optuna.study.StudyDirection.MINIMIZE
         and specs.max_attempts(spec) == 2
     )
 
@@ -66,7 +67,7 @@ def test_json_is_accepted_too() -> None:
         ' "task": {"framework": "FRAMEWORK_TENSORFLOW"}}'
     )
     specs.validate(spec)
-    assert specs.direction(spec) == optuna.study.StudyDirection.MAXIMIZE
+    assert search_space.direction(spec) == optuna.study.StudyDirection.MAXIMIZE
 
 
 def _broken(change: Callable[[tuning_pb2.StudySpec], None]) -> tuning_pb2.StudySpec:
@@ -201,7 +202,7 @@ def test_pruners_follow_the_spec() -> None:
 
 def test_param_values_keep_their_type() -> None:
     for value in (True, 3, 0.25, "adam"):
-        round_trip = specs.python_value(specs.param_value(value))
+        round_trip = search_space.python_value(search_space.param_value(value))
         assert round_trip == value and type(round_trip) is type(value)
 
 
@@ -225,6 +226,6 @@ def test_a_seeded_sampler_travels_pickled_and_proposes_the_same() -> None:
     proposals = []
     for chosen in (original, copy):
         study = optuna.create_study(sampler=chosen)
-        trial = study.ask(specs.distributions(spec))
+        trial = study.ask(search_space.distributions(spec))
         proposals.append(trial.params)
     assert proposals[0] == proposals[1]
