@@ -3,8 +3,8 @@ completion (``--install-completion``), Rich on a terminal and plain lines off
 one (``aistack.cli.terminal``).
 
 Each command returns its exit status; ``main`` turns an ``AistackError`` into
-one line on standard error and exit status 1, and a usage error into exit
-status 2.
+one line on standard error and exit status 1; a usage error is the usage and
+one line naming the argument, and ``SystemExit(2)``.
 """
 
 from __future__ import annotations
@@ -61,9 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AistackError as exc:
         print(f"aistack: {exc}", file=sys.stderr)
         return 1
-    except typer.TyperException as exc:  # a usage error (exit status 2), as Typer raises it
+    except typer.TyperException as exc:  # a usage error, as Typer raises it
         _show(exc)
-        return exc.exit_code
+        # Exit status 2, raised as argparse did: the caller learns it either way.
+        raise SystemExit(exc.exit_code) from None
     except typer.Abort:
         print("aistack: aborted", file=sys.stderr)
         return 1

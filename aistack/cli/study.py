@@ -14,9 +14,10 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NamedTuple, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, TextIO
 
 import typer
+from typer.core import TyperCommand
 
 from aistack.cli import terminal
 from aistack.settings import TunerClientSettings
@@ -69,14 +70,48 @@ class StudyCommand:
 StudyId = Annotated[str, typer.Argument(metavar="STUDY_ID")]
 
 
-@app.command()
+class Refused(typer.BadParameter):
+    """A usage error said as it is, without Typer's "Invalid value" prefix."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+class _TypedArgs(TyperCommand):
+    """Keeps the arguments as typed (``ctx.meta["typed"]``): which of two
+    spellings of one thing came second is only known from them."""
+
+    # Typer's click is its own (typer._click): its Context is typed loosely here.
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta["typed"] = list(args)
+        return super().parse_args(ctx, args)
+
+
+def _second(typed: list[str], spec: str) -> str:
+    """Of SPEC and -f/--file, the one typed second."""
+    file_at = next(
+        i for i, arg in enumerate(typed) if arg in ("-f", "--file") or arg.startswith("--file=")
+    )
+    # The file's own value follows -f or --file, not --file=...
+    its_value = file_at + 1 if typed[file_at] in ("-f", "--file") else -1
+    spec_at = next((i for i, arg in enumerate(typed) if arg == spec and i != its_value), -1)
+    return "SPEC" if spec_at > file_at else "-f/--file"
+
+
+@app.command(cls=_TypedArgs)
 def create(
     ctx: typer.Context,
     spec: Annotated[
         str | None,
-        typer.Argument(metavar="SPEC", help="the spec (YAML or JSON); - for standard input"),
+        typer.Argument(
+            metavar="SPEC",
+            help="the spec (YAML or JSON); - for standard input",
+        ),
     ] = None,
-    file: Annotated[str | None, typer.Option("-f", "--file", help="the same as SPEC")] = None,
+    file: Annotated[
+        str | None,
+        typer.Option("-f", "--file", help="the same as SPEC"),
+    ] = None,
     code: Annotated[
         str | None,
         typer.Option(
@@ -90,13 +125,11 @@ def create(
     """Create a study from a YAML or JSON spec."""
     # The spec as SPEC or as -f (the older spelling, kept): exactly one.
     if spec is None and file is None:
-        raise typer.BadParameter(
-            "one of the arguments SPEC and -f/--file is required", ctx, param_hint="SPEC"
-        )
+        raise Refused("one of the arguments SPEC -f/--file is required", ctx)
     if spec is not None and file is not None:
-        raise typer.BadParameter(
-            "SPEC and -f/--file are the same spec: give one", ctx, param_hint="SPEC"
-        )
+        second = _second(ctx.meta["typed"], spec)
+        first = "SPEC" if second == "-f/--file" else "-f/--file"
+        raise Refused(f"argument {second}: not allowed with argument {first}", ctx)
     return run(StudyCommand("create", spec=spec or file or "", code=code, watch=watch), ctx.obj)
 
 

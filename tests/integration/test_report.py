@@ -17,7 +17,7 @@ from tests.infra import Infra
 from tests.integration import test_tuner_service
 from tests.integration.test_tuner_service import SPEC, _run_study
 from tests.integration.tuner_service import AnalyticTrainer, TunerProcess, TunerTopics
-from tests.unit.test_report import figures, headings, points
+from tests.reports import figures, headings, points
 
 pytest.importorskip("plotly")
 

@@ -51,12 +51,18 @@ def test_each_group_holds_its_subcommands(group: str, subcommands: set[str]) -> 
         ),
         (["logs", "-n", "-1"], "aistack logs: error: Invalid value for '-n' / '--lines'"),
         (["predict", "m"], "aistack predict: error: Invalid value for --input: give exactly one"),
+        (
+            ["study", "create", "--file=b.yaml", "a.yaml"],
+            "aistack study create: error: argument SPEC: not allowed with argument -f/--file",
+        ),
     ],
 )
 def test_a_usage_error_is_the_usage_and_one_line_with_exit_status_2(
     capsys: pytest.CaptureFixture[str], argv: list[str], error: str
 ) -> None:
-    assert cli.main(argv) == 2
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("Usage: aistack")
     assert err[-1].startswith(error)

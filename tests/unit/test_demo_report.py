@@ -11,31 +11,18 @@ from typing import Any, ClassVar
 import pytest
 
 from aistack import report
-from aistack.lineage import Node
 from demo import kfold
 from demo import report as demo_report
 from shared.contracts.aistack.v1 import features_pb2
 from shared.settings import KafkaSettings
-from tests.unit.test_report import drift, figures, headings, study
+from tests.reports import DEFAULT, TUNED, drift, figures, full_demo_report, headings
 
 pytest.importorskip("plotly")
 pytest.importorskip("optuna")
 
-DEFAULT = [0.05, 0.06, 0.04, 0.05, 0.07]
-TUNED = [0.02, 0.03, 0.02, 0.025, 0.03]
-
 
 def test_a_full_run_writes_every_section_into_the_state_directory(tmp_path: Path) -> None:
-    collected = demo_report.DemoReport("0101-120000")
-    collected.study = study()
-    collected.kfold = demo_report.kfold_section(
-        {"default CNN": DEFAULT, "tuned CNN": TUNED}, ["the tuned CNN beats the default"]
-    )
-    collected.flow = report.Flow(raw=100, clean=90, dead_letters={"not_json": 4}, windows=12)
-    collected.drift = report.drift_section(drift(), {"mean": [30.0, 31.0]})
-    collected.retune = report.Retune("r", "val_mae", "1", 2.0, "2", 1.0, True, "better", "2")
-    collected.lineage = Node("prediction p", children=[Node("model m@1")])
-    path = collected.write(tmp_path)
+    path = full_demo_report(tmp_path)
     assert path == tmp_path / "reports" / "demo-0101-120000.html"
     page = path.read_text()
     assert headings(page).headings == [

@@ -1,7 +1,7 @@
-"""The dashboards as a person sees them: optuna-dashboard (the tuner's own
-entry point, on its journal in a real Redis) and TensorBoard (on runs the
-trainer's writer wrote), opened in headless Chromium; each chart drew data,
-not an empty frame."""
+"""What a person looks at, opened in headless Chromium: a demo run's report
+(a file, no network), optuna-dashboard (the tuner's own entry point, on its
+journal in a real Redis) and TensorBoard (on runs the trainer's writer
+wrote); each chart drew data, not an empty frame."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from compose.processes import port_open
 from shared.ports import free_ports
 from tests.browser import chromium, plotly_plots, rendered
 from tests.infra import Infra, wait_until
+from tests.reports import figures, full_demo_report
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +42,19 @@ def process(argv: list[str], env: dict[str, str], port: int, log: Path) -> Itera
     finally:
         started.terminate()
         started.wait(30)
+
+
+def test_the_demos_report_draws_every_figure_with_its_data(tmp_path: Path) -> None:
+    chromium()
+    path = full_demo_report(tmp_path)
+    embedded = figures(path.read_text())
+    dom = rendered(path.as_uri())
+    plots = plotly_plots(dom)
+    # Every figure the page embeds was drawn (plotly.js ran, from the page
+    # itself) with traces and their points or lines, not an empty frame.
+    assert len(plots) == len(embedded) == 7
+    assert all(plot.traces and (plot.points or plot.lines) for plot in plots), plots
+    assert "prediction p" in dom and "model m@1" in dom  # the lineage tree
 
 
 def test_optuna_dashboard_draws_the_tuners_study(infra: Infra, unique: str, tmp_path: Path) -> None:
