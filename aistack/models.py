@@ -112,6 +112,32 @@ def register(settings: ClientSettings, registration: Registration) -> models_pb2
     return event
 
 
+def challenge(
+    settings: ClientSettings, name: str, version: str, on: bool = True
+) -> models_pb2.ModelReady:
+    """Mark a version a challenger (``on``), or no longer one: the version's
+    event again with ``shared.model_registry.CHALLENGER_LABEL`` set or
+    removed (the last event of a version wins). The model server then runs
+    it in its serving version's shadow (``AISTACK_MODEL_CHALLENGERS``).
+    Raises NotFound (no such version), InvalidArgument (it is the serving
+    version), Unavailable when Kafka does not answer."""
+    lineage = settings.lineage
+    registry = model_registry.read(lineage.kafka, lineage.models_topic, lineage.timeout_seconds)
+    event = models_pb2.ModelReady()
+    event.CopyFrom(registry.version(name, version))
+    serving = registry.serving(name, lineage.serving.policy)
+    if on and serving is not None and serving.version == event.version:
+        raise InvalidArgument(f"{name}@{version} is the version that serves: it cannot challenge")
+    if on:
+        event.labels[model_registry.CHALLENGER_LABEL] = "true"
+    else:
+        event.labels.pop(model_registry.CHALLENGER_LABEL, None)
+    producer = BusProducer(lineage.kafka, source="aistack-client")
+    producer.publish(lineage.models_topic, event, key=f"{name}/{event.version}")
+    producer.flush()
+    return event
+
+
 def fetch(settings: ClientSettings, name: str, version: str, into: Path) -> Path:
     """A verified copy of a version's artifact (for "", the one the model
     server serves) in ``into``; its directory. Raises NotFound, ArtifactRejected."""

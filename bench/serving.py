@@ -85,6 +85,11 @@ always better:
     prediction_log_cost: ratio R (goal 0.95)
         aistack batched (log on, every request) over aistack batched
         log-off, throughput at C=16; with the records logged and dropped.
+    shadow_cost: ratio R (goal 0.95)
+        aistack batched with one challenger in the champion's shadow (the
+        default share of its requests, AISTACK_MODEL_SHADOW_FRACTION) over
+        aistack batched with none, throughput at C=16; both log every
+        request.
 
 ``--ratios`` picks some of these lines: only the configurations they need
 are started and measured.
@@ -112,6 +117,7 @@ from bench.serving_callers import Worker, client_main, floor_main
 from bench.serving_servers import (
     AISTACK_BATCHED,
     AISTACK_LOG_OFF,
+    AISTACK_SHADOWED,
     AISTACK_UNBATCHED,
     AISTACK_UNBATCHED_LOG_OFF,
     AISTACK_UNBATCHED_UNTRACED,
@@ -136,6 +142,7 @@ GOAL_P50_OVERHEAD = 1.0
 GOAL_BATCHED = 2.0
 GOAL_BATCHED_P99 = 0.67
 GOAL_PREDICTION_LOG = 0.95
+GOAL_SHADOW = 0.95
 OVERHEAD_BUDGET_MS = 1.0
 OVERHEAD_FLOOR_MS = 0.01
 CONCURRENCY = (1, 16)
@@ -146,6 +153,7 @@ IN_PROCESS = "in-process"
 TARGETS = (
     AISTACK_BATCHED,
     AISTACK_LOG_OFF,
+    AISTACK_SHADOWED,
     AISTACK_UNBATCHED,
     AISTACK_UNBATCHED_LOG_OFF,
     AISTACK_UNBATCHED_UNTRACED,
@@ -155,6 +163,8 @@ TARGETS = (
 AISTACK_TARGETS = (
     AISTACK_BATCHED,
     AISTACK_LOG_OFF,
+    AISTACK_SHADOWED,
+    AISTACK_SHADOWED,
     AISTACK_UNBATCHED,
     AISTACK_UNBATCHED_LOG_OFF,
     AISTACK_UNBATCHED_UNTRACED,
@@ -171,6 +181,7 @@ RATIOS: dict[str, tuple[Config, Config]] = {
     "batched_vs_unbatched_c16": ((AISTACK_BATCHED, 16), (AISTACK_UNBATCHED, 16)),
     "batched_p99_vs_unbatched_c16": ((AISTACK_BATCHED, 16), (AISTACK_UNBATCHED, 16)),
     "prediction_log_cost": ((AISTACK_BATCHED, 16), (AISTACK_LOG_OFF, 16)),
+    "shadow_cost": ((AISTACK_SHADOWED, 16), (AISTACK_BATCHED, 16)),
 }
 
 
@@ -357,6 +368,10 @@ def print_figure(name: str, counted: dict[Config, Result]) -> None:
         assert batched is not None
         off = counted[(AISTACK_LOG_OFF, 16)]
         print_ratio(name, batched.throughput / off.throughput, GOAL_PREDICTION_LOG, itself=True)
+    elif name == "shadow_cost":
+        assert batched is not None
+        shadowed = counted[(AISTACK_SHADOWED, 16)]
+        print_ratio(name, shadowed.throughput / batched.throughput, GOAL_SHADOW, itself=True)
 
 
 def check(clients: list[Worker], servers: dict[str, Server], exported: Exported) -> None:

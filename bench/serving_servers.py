@@ -36,7 +36,14 @@ AISTACK_UNBATCHED = "aistack unbatched"
 AISTACK_LOG_OFF = "aistack batched log-off"
 AISTACK_UNBATCHED_LOG_OFF = "aistack unbatched log-off"
 AISTACK_UNBATCHED_UNTRACED = "aistack unbatched log-off untraced"
+AISTACK_SHADOWED = "aistack batched shadowed"
 KSERVE = "kserve"
+
+
+def shadowed_topic(models_topic: str) -> str:
+    """The models topic of the shadowed server: the same version 1, and a
+    version 2 marked a challenger."""
+    return f"{models_topic}-shadowed"
 
 
 @dataclass(frozen=True)
@@ -85,11 +92,14 @@ def publish_model(topics: tuple[str, str, str], exported: Exported) -> None:
     from shared.contracts.aistack.v1 import common_pb2, models_pb2
 
     kafka = kafka_settings()
+    from shared.model_registry import CHALLENGER_LABEL
+
     models_topic, dlq_topic, predictions_topic = topics
     ensure_topics(
         kafka,
         [
             TOPICS_BY_NAME[MODELS_READY].named(models_topic),
+            TOPICS_BY_NAME[MODELS_READY].named(shadowed_topic(models_topic)),
             TOPICS_BY_NAME[EVENTS_DLQ].named(dlq_topic),
             TOPICS_BY_NAME[PREDICTIONS].named(predictions_topic),
         ],
@@ -107,8 +117,18 @@ def publish_model(topics: tuple[str, str, str], exported: Exported) -> None:
         objective=common_pb2.Objective(metric="val_error", direction=common_pb2.DIRECTION_MINIMIZE),
     )
     ready.metrics["val_error"] = 0.1
+    # The same model again as version 2, worse on validation (it does not
+    # serve) and marked a challenger: it runs in version 1's shadow.
+    challenger = models_pb2.ModelReady()
+    challenger.CopyFrom(ready)
+    challenger.version = "2"
+    challenger.metrics["val_error"] = 0.2
+    challenger.labels[CHALLENGER_LABEL] = "true"
     with BusProducer(kafka, source="bench") as producer:
         producer.publish(models_topic, ready, key=f"{ready.model_name}/{ready.version}")
+        for event in (ready, challenger):
+            key = f"{event.model_name}/{event.version}"
+            producer.publish(shadowed_topic(models_topic), event, key=key)
         producer.flush()
 
 
@@ -194,7 +214,9 @@ def start_aistack(name: str, topics: tuple[str, str, str], state: Path, threads:
     """svc_model as ``name`` says: batched or not, and the prediction log on
     for every request (the worst case of its cost; this run's own topic) or
     off (the ``log-off`` names); ``untraced`` runs the exported program
-    itself, as KServe's ``predict`` does, not TorchScript traced from it."""
+    itself, as KServe's ``predict`` does, not TorchScript traced from it;
+    ``shadowed`` serves version 1 with version 2 as its challenger (the
+    shadow share svc_model's default, AISTACK_MODEL_SHADOW_FRACTION)."""
     port, metrics_port = free_port(), free_port()
     unbatched = (AISTACK_UNBATCHED, AISTACK_UNBATCHED_LOG_OFF, AISTACK_UNBATCHED_UNTRACED)
     batching = name not in unbatched
@@ -207,7 +229,9 @@ def start_aistack(name: str, topics: tuple[str, str, str], state: Path, threads:
             "AISTACK_STATE_DIR": str(directory),
             "AISTACK_LOG_LEVEL": "WARNING",
             "AISTACK_MODEL_GRPC_ADDRESS": f"127.0.0.1:{port}",
-            "AISTACK_MODEL_MODELS_TOPIC": topics[0],
+            "AISTACK_MODEL_MODELS_TOPIC": (
+                shadowed_topic(topics[0]) if name == AISTACK_SHADOWED else topics[0]
+            ),
             "AISTACK_MODEL_DLQ_TOPIC": topics[1],
             "AISTACK_MODEL_METRICS_PORT": str(metrics_port),
             "AISTACK_MODEL_BATCHING": "true" if batching else "false",

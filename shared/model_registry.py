@@ -8,7 +8,8 @@ of a version wins; an event naming no model, or a version that is not a
 positive integer, is skipped with its reason, as the model server
 dead-letters it), and which version serves under a policy
 (``shared.settings.ServingSettings``, ``serving``): the champion by
-``shared.objective``'s rule, or the newest.
+``shared.objective``'s rule, or the newest; and which versions run in its
+shadow (``challengers``).
 Its two readers: ``read`` replays the log to its end, once (a command, batch
 scoring); ``Follower`` replays it and then follows it, for a service that
 keeps the registry up to date (the model server, the drift monitor): no
@@ -26,7 +27,7 @@ from shared.bus.loop import Batch, ConsumeLoop, DeadLetters, Publisher, Source
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import InvalidArgument, NotFound, Unavailable, UndecodableRecord
 from shared.log import get_logger
-from shared.objective import champion, version_number
+from shared.objective import BASELINE_VERSION, champion, version_number
 from shared.settings import KafkaSettings, ServingPolicy
 
 log = get_logger("shared.model_registry")
@@ -42,6 +43,36 @@ def serving(
     if policy == "latest":
         return max(events, key=lambda e: version_number(e.version), default=None)
     return champion(events)
+
+
+#: A version's label that asks for it to be run in the serving version's
+#: shadow ("true"); set by ``aistack models challenge``.
+CHALLENGER_LABEL = "aistack:challenger"
+
+
+def challengers(
+    events: Iterable[models_pb2.ModelReady], policy: ServingPolicy, limit: int
+) -> list[models_pb2.ModelReady]:
+    """The versions to run in the shadow of the one ``policy`` serves, newest
+    first, at most ``limit``: each version marked so (``CHALLENGER_LABEL``),
+    and each re-tuned version newer than the serving one (it names a
+    baseline: it lost to it, or its verdict is pending). The serving version
+    is never its own challenger. Every event's version must be valid."""
+    ordered = sorted(events, key=lambda e: version_number(e.version), reverse=True)
+    chosen = serving(ordered, policy)
+    if chosen is None or limit <= 0:
+        return []
+    serving_number = version_number(chosen.version)
+    picked = []
+    for event in ordered:
+        number = version_number(event.version)
+        if number == serving_number:
+            continue
+        marked = event.labels.get(CHALLENGER_LABEL) == "true"
+        retuned = BASELINE_VERSION in event.labels and number > serving_number
+        if marked or retuned:
+            picked.append(event)
+    return picked[:limit]
 
 
 def invalid(event: models_pb2.ModelReady) -> str:
@@ -95,6 +126,12 @@ class Registry:
     def serving(self, name: str, policy: ServingPolicy) -> models_pb2.ModelReady | None:
         """The version ``policy`` serves of ``name`` (None for an unknown model)."""
         return serving(self._models.get(name, {}).values(), policy)
+
+    def challengers(
+        self, name: str, policy: ServingPolicy, limit: int
+    ) -> list[models_pb2.ModelReady]:
+        """The versions run in the shadow of ``name``'s serving one (``challengers``)."""
+        return challengers(self._models.get(name, {}).values(), policy, limit)
 
     def version(
         self, name: str, version: str = "", policy: ServingPolicy = "champion"

@@ -242,6 +242,9 @@ class ServingSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AISTACK_MODEL_", frozen=True, extra="ignore")
 
     policy: ServingPolicy = "champion"
+    # How many challengers of a model run in its serving version's shadow
+    # (shared.model_registry.challengers: the newest marked or re-tuned); 0: none.
+    challengers: int = Field(default=1, ge=0, le=8)
 
 
 class RedisSettings(BaseSettings):

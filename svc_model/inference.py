@@ -8,9 +8,12 @@ ResourceExhausted, …); the shared server maps them to status codes.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -19,11 +22,16 @@ from shared import model_registry
 from shared.bus.envelope import new_event_id
 from shared.contracts.aistack.v1 import models_pb2
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
+from shared.contracts.aistack.v1.predictions_pb2 import (
+    PREDICTION_ROLE_CHAMPION,
+    PREDICTION_ROLE_NAMED,
+    PREDICTION_ROLE_SHADOW,
+)
 from shared.contracts.inference import grpc_predict_v2_pb2 as pb
 from shared.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from shared.feature_store import FEATURE_LABEL
 from shared.log import get_logger
-from shared.model_loading import ArtifactRejected
+from shared.model_loading import ArtifactRejected, TensorSig
 from shared.objective import version_number
 from shared.rpc.errors import status_for
 from svc_model import features as entity
@@ -64,7 +72,13 @@ class InferenceCore:
         prediction_log: PredictionLog | None = None,
     ) -> None:
         self.settings = settings
-        self.repository = Repository(settings.serving.policy, settings.keep_versions)
+        # Challengers run only where their predictions can be judged: in the log.
+        self._shadowing = prediction_log is not None and settings.shadow_fraction > 0
+        self.repository = Repository(
+            settings.serving.policy,
+            settings.keep_versions,
+            settings.serving.challengers if self._shadowing else 0,
+        )
         self._loader = loader
         self._loading = loading_executor
         self._metrics = metrics
@@ -72,6 +86,9 @@ class InferenceCore:
         self._prediction_log = prediction_log
         self._in_flight = 0
         self._busy_until = 0.0
+        self._shadows_in_flight = 0
+        # The shadow runs under way: held so that none is collected mid-run.
+        self._shadow_tasks: set[asyncio.Task[None]] = set()
         self.replayed = asyncio.Event()
         self.on_rejected: Rejected = lambda event, error: None
 
@@ -259,8 +276,10 @@ class InferenceCore:
                 )
         by_entity = entity.ENTITY_PARAMETER in request.parameters
         window: FeatureWindow | None = None
+        field = ""
         if by_entity:
-            entity_id, window, arrays = await self._entity_inputs(request, served)
+            entity_id, field, window = await self._entity_window(request, served)
+            arrays = _entity_row(served, window, field)
         else:
             entity_id, arrays = "", decode_inputs(request, runner.inputs)
         rows = batch_rows(arrays) if runner.batched else 1
@@ -282,8 +301,15 @@ class InferenceCore:
             response,
             raw=bool(request.raw_input_contents),
         )
+        role = PREDICTION_ROLE_NAMED if request.model_version else PREDICTION_ROLE_CHAMPION
+        shadows = (
+            self.repository.challengers(served.name)
+            if self._shadowing and role == PREDICTION_ROLE_CHAMPION
+            else ()
+        )
+        shadowed = bool(shadows) and random.random() < self.settings.shadow_fraction
         prediction_log = self._prediction_log
-        if prediction_log is not None and prediction_log.sampled(by_entity):
+        if prediction_log is not None and (shadowed or prediction_log.sampled(by_entity)):
             # References only: the log's thread builds the record.
             prediction_log.offer(
                 Prediction(
@@ -298,9 +324,72 @@ class InferenceCore:
                     window=window,
                     tensors=() if by_entity else request.inputs,
                     arrays=None if by_entity else arrays,
+                    role=role,
                 )
             )
+        if shadowed:
+            shadow = Shadow(request, request_id, entity_id, window, field, served, arrays)
+            for challenger in shadows:
+                self._start_shadow(challenger, shadow)
         return response
+
+    # ---- challengers, in the champion's shadow ----
+
+    def _start_shadow(self, challenger: Served, shadow: Shadow) -> None:
+        """Run ``challenger`` on the champion's request after the caller has
+        its answer: a task of its own on the loop, never awaited by the
+        request; skipped (and counted) past ``shadow_max_in_flight``."""
+        if self._shadows_in_flight >= self.settings.shadow_max_in_flight:
+            self._metrics.shadow_runs.labels(challenger.name, "skipped").inc()
+            return
+        self._shadows_in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._shadow(challenger, shadow))
+        self._shadow_tasks.add(task)
+        task.add_done_callback(self._shadow_tasks.discard)
+
+    async def _shadow(self, challenger: Served, shadow: Shadow) -> None:
+        started = time.perf_counter()
+        loaded: Loaded = challenger.executor
+        runner = loaded.runner
+        try:
+            if shadow.window is not None:
+                arrays = _entity_row(challenger, shadow.window, shadow.field)
+            elif runner.inputs == shadow.champion.executor.runner.inputs:
+                arrays = shadow.arrays
+            else:
+                arrays = decode_inputs(shadow.request, runner.inputs)
+            rows = batch_rows(arrays) if runner.batched else 1
+            outputs = await loaded.batcher.submit(arrays, rows, alone=False)
+        except Exception as exc:  # the challenger's own failure: no caller sees it
+            self._metrics.shadow_runs.labels(challenger.name, "failed").inc()
+            log.warning(
+                "shadow.failed",
+                model=challenger.name,
+                version=challenger.version,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            return
+        finally:
+            self._shadows_in_flight -= 1
+        self._metrics.shadow_runs.labels(challenger.name, "ok").inc()
+        assert self._prediction_log is not None  # shadows run only while it is on
+        by_entity = shadow.window is not None
+        self._prediction_log.offer(
+            Prediction(
+                request_id=shadow.request_id,
+                model_name=challenger.name,
+                model_version=str(challenger.version),
+                served_ns=time.time_ns(),
+                latency_us=int((time.perf_counter() - started) * 1e6),
+                outputs=outputs,
+                output_names=tuple(sig.name for sig in runner.outputs),
+                entity_id=shadow.entity_id,
+                window=shadow.window,
+                tensors=() if by_entity else shadow.request.inputs,
+                arrays=None if by_entity else arrays,
+                role=PREDICTION_ROLE_SHADOW,
+            )
+        )
 
     async def _alone(self) -> bool:
         """Whether this request is the only one in the server, and none other
@@ -311,11 +400,10 @@ class InferenceCore:
         await asyncio.sleep(0)
         return self._in_flight == 1 and time.monotonic() >= self._busy_until
 
-    async def _entity_inputs(
+    async def _entity_window(
         self, request: pb.ModelInferRequest, served: Served
-    ) -> tuple[str, FeatureWindow, dict[str, NDArray[np.float32]]]:
-        """The entity, the window read for it, and the model's input from it."""
-        runner = served.executor.runner
+    ) -> tuple[str, str, FeatureWindow]:
+        """The entity, the online-store field read for it, and its window."""
         if request.inputs or request.raw_input_contents:
             raise InvalidArgument(
                 f"parameter {entity.ENTITY_PARAMETER!r} replaces the inputs: send one or the other"
@@ -328,19 +416,49 @@ class InferenceCore:
         )
         if entity.WINDOW_PARAMETER in request.parameters:
             field = entity.window_field(field, _string_parameter(request, entity.WINDOW_PARAMETER))
-        if len(runner.inputs) != 1 or len(runner.inputs[0].shape) != 2:
-            raise FailedPrecondition(
-                f"model {served.name!r} does not take one row of features: it cannot be "
-                "fed by entity"
-            )
-        sig = runner.inputs[0]
-        if sig.datatype != "FP32" or sig.shape[1] < 1:
-            raise FailedPrecondition(f"model {served.name!r} input {sig.name!r} is not FP32 rows")
+        _row_input(served)  # a model that cannot be fed by entity fails before the read
         if self._features is None:
             raise FailedPrecondition("this server has no online store configured")
         window = await self._features.window(entity_id, field)
-        row = feature_row(window, sig.shape[1], field)
-        return entity_id, window, {sig.name: row[np.newaxis, :]}
+        return entity_id, field, window
+
+
+@dataclass(frozen=True)
+class Shadow:
+    """A champion's request, as its challengers run it: the request, what the
+    champion was fed (the window read for an entity, else the decoded
+    tensors) and the champion itself."""
+
+    request: pb.ModelInferRequest
+    request_id: str
+    entity_id: str
+    window: FeatureWindow | None
+    field: str
+    champion: Served
+    arrays: dict[str, NDArray[Any]]
+
+
+def _row_input(served: Served) -> TensorSig:
+    """The one FP32 row input of a model fed by entity; FailedPrecondition
+    for a model that does not take one."""
+    runner = served.executor.runner
+    if len(runner.inputs) != 1 or len(runner.inputs[0].shape) != 2:
+        raise FailedPrecondition(
+            f"model {served.name!r} does not take one row of features: it cannot be fed by entity"
+        )
+    sig: TensorSig = runner.inputs[0]
+    if sig.datatype != "FP32" or sig.shape[1] < 1:
+        raise FailedPrecondition(f"model {served.name!r} input {sig.name!r} is not FP32 rows")
+    return sig
+
+
+def _entity_row(
+    served: Served, window: FeatureWindow, field: str
+) -> dict[str, NDArray[np.float32]]:
+    """The model's input from an entity's window: one row as wide as it takes."""
+    sig = _row_input(served)
+    row = feature_row(window, sig.shape[1], field)
+    return {sig.name: row[np.newaxis, :]}
 
 
 def _string_parameter(request: pb.ModelInferRequest, name: str) -> str:

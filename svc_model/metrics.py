@@ -31,6 +31,7 @@ class ModelMetrics:
     dead_letters: Counter
     predictions_logged: Counter
     prediction_log_dropped: Counter
+    shadow_runs: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> ModelMetrics:
@@ -84,5 +85,11 @@ class ModelMetrics:
                 "prediction_log_dropped",
                 "Prediction-log records dropped, by reason (queue_full, delivery_failed, ...)",
                 ("reason",),
+            ),
+            shadow_runs=counter(
+                "shadow_runs",
+                "Challengers run in the champion's shadow, by model and outcome (ok, "
+                "failed, skipped: too many in flight)",
+                ("model", "outcome"),
             ),
         )

@@ -40,7 +40,10 @@ from shared.bus import envelope
 from shared.bus.codec import type_name
 from shared.bus.producer import PRODUCER_DEFAULTS
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
-from shared.contracts.aistack.v1.predictions_pb2 import PredictionLogged
+from shared.contracts.aistack.v1.predictions_pb2 import (
+    PREDICTION_ROLE_CHAMPION,
+    PredictionLogged,
+)
 from shared.contracts.inference import grpc_predict_v2_pb2 as pb
 from shared.log import get_logger
 from shared.settings import KafkaSettings
@@ -100,6 +103,7 @@ class Prediction:
     window: FeatureWindow | None = None
     tensors: Sequence[pb.ModelInferRequest.InferInputTensor] = ()
     arrays: Mapping[str, NDArray[Any]] | None = None
+    role: int = PREDICTION_ROLE_CHAMPION
 
 
 def inputs_sha256(tensors: Iterable[tuple[str, str, Sequence[int], bytes]]) -> str:
@@ -141,6 +145,7 @@ def build_record(prediction: Prediction) -> PredictionLogged:
         entity_id=prediction.entity_id,
         latency_us=prediction.latency_us,
         served_time=Timestamp(seconds=seconds, nanos=nanos),
+        role=prediction.role,  # type: ignore[arg-type]
     )
     window = prediction.window
     if window is not None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import NotFound
-from shared.model_registry import serving
+from shared.model_registry import challengers, serving
 from shared.objective import version_number
 from shared.settings import ServingPolicy
 
@@ -55,30 +55,43 @@ class _Model:
     known: dict[int, models_pb2.ModelReady] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     unloaded: bool = False
+    # The loaded challengers, newest first: worked out when the versions
+    # change, not per request.
+    shadows: list[Served] = field(default_factory=list)
 
 
-def wanted(events: Iterable[models_pb2.ModelReady], policy: ServingPolicy, keep: int) -> list[int]:
+def wanted(
+    events: Iterable[models_pb2.ModelReady], policy: ServingPolicy, keep: int, shadows: int = 0
+) -> list[int]:
     """Which versions of one model to load, from all its events: the champion
-    the rule picks over them, and the ``keep`` newest."""
+    the rule picks over them, the ``keep`` newest, and its challengers (at
+    most ``shadows``)."""
     ordered = sorted(events, key=lambda e: version_number(e.version))
     best = serving(ordered, policy)
     if best is None:
         return []
     newest = [version_number(e.version) for e in ordered[-keep:]]
-    return sorted({version_number(best.version), *newest})
+    challenging = [version_number(e.version) for e in challengers(ordered, policy, shadows)]
+    return sorted({version_number(best.version), *newest, *challenging})
 
 
 class Repository:
-    def __init__(self, policy: ServingPolicy, keep_versions: int) -> None:
+    def __init__(self, policy: ServingPolicy, keep_versions: int, challengers: int = 0) -> None:
         self.policy = policy
         self.keep = keep_versions
+        self.shadows = challengers
         self._models: dict[str, _Model] = {}
 
     # ---- what the registry feeds in ----
 
     def know(self, event: models_pb2.ModelReady) -> None:
         model = self._models.setdefault(event.model_name, _Model())
-        model.known[version_number(event.version)] = event
+        number = version_number(event.version)
+        model.known[number] = event
+        if number in model.loaded:
+            # The same bytes, newer facts (a challenger's mark): the event serves as is.
+            model.loaded[number].event = event
+        self._refresh(model)
 
     def known(self, name: str) -> list[models_pb2.ModelReady]:
         model = self._models.get(name)
@@ -88,11 +101,12 @@ class Repository:
         model = self._models.get(name)
         if model is None:
             return []
-        return [model.known[v] for v in wanted(model.known.values(), self.policy, self.keep)]
+        versions = wanted(model.known.values(), self.policy, self.keep, self.shadows)
+        return [model.known[v] for v in versions]
 
     def install(self, served: Served) -> Change:
         """Add a loaded version; promote it if the policy says so; evict
-        versions beyond the newest ``keep`` (never the champion)."""
+        versions beyond the newest ``keep`` (never the champion nor a challenger)."""
         model = self._models.setdefault(served.name, _Model())
         model.known.setdefault(served.version, served.event)
         model.failed.pop(served.version, None)
@@ -103,7 +117,9 @@ class Repository:
         keep = set(sorted(model.loaded)[-self.keep :])
         if model.champion is not None:
             keep.add(model.champion.version)
+        keep.update(self._challenging(model))
         evicted = tuple(model.loaded.pop(v) for v in sorted(model.loaded) if v not in keep)
+        self._refresh(model)
         return Change(promoted=promoted, evicted=evicted)
 
     def _champion_of(self, model: _Model) -> Served:
@@ -124,6 +140,7 @@ class Repository:
     def failed(self, name: str, version: str, reason: str) -> None:
         model = self._models.setdefault(name, _Model())
         model.failed[version_number(version)] = reason
+        self._refresh(model)
 
     def unload(self, name: str) -> tuple[Served, ...]:
         """Stop serving ``name``; returns what was loaded (for the caller to release)."""
@@ -132,6 +149,7 @@ class Repository:
         model.loaded.clear()
         model.champion = None
         model.unloaded = True
+        self._refresh(model)
         return dropped
 
     def is_unloaded(self, name: str) -> bool:
@@ -172,6 +190,27 @@ class Repository:
     def champion(self, name: str) -> Served | None:
         model = self._models.get(name)
         return None if model is None else model.champion
+
+    def challengers(self, name: str) -> list[Served]:
+        """The loaded challengers of ``name`` (``shared.model_registry.challengers``),
+        newest first: what runs in its champion's shadow."""
+        model = self._models.get(name)
+        return [] if model is None else model.shadows
+
+    def _refresh(self, model: _Model) -> None:
+        if model.unloaded or model.champion is None:
+            model.shadows = []
+            return
+        serving_now = model.champion.version
+        model.shadows = [
+            model.loaded[v]
+            for v in self._challenging(model)
+            if v in model.loaded and v != serving_now
+        ]
+
+    def _challenging(self, model: _Model) -> list[int]:
+        usable = [event for version, event in model.known.items() if version not in model.failed]
+        return [version_number(e.version) for e in challengers(usable, self.policy, self.shadows)]
 
     def index(self, ready_only: bool = False) -> list[IndexEntry]:
         entries: list[IndexEntry] = []

@@ -63,6 +63,14 @@ class ModelSettings(GrpcServerSettings):
     # Records waiting to be sent beyond which new ones are dropped (counted),
     # so that a broker away costs bounded memory and never a request.
     prediction_log_queue: int = Field(default=100_000, ge=1, le=10_000_000)
+    # Challengers (AISTACK_MODEL_CHALLENGERS) run on this share of the
+    # requests the champion serves, off the request path; their predictions
+    # and the champion's of the same requests go to the prediction log (so
+    # only while it is on). 0: no shadows.
+    shadow_fraction: float = Field(default=0.1, ge=0.0, le=1.0)
+    # Shadow runs in flight beyond which a new one is skipped (and counted):
+    # a slow challenger costs bounded memory and never a caller's request.
+    shadow_max_in_flight: int = Field(default=64, ge=1, le=100_000)
 
     def cache_dir(self) -> Path:
         return self.artifact_cache_dir or self.common.state_dir / "model-cache"

@@ -46,6 +46,22 @@ def fetch(
     return 0
 
 
+@app.command()
+def challenge(
+    model: Annotated[str, typer.Argument(metavar="MODEL@VERSION")],
+    off: Annotated[bool, typer.Option("--off", help="no longer a challenger")] = False,
+) -> int:
+    """Run a version in the serving version's shadow (a share of its requests, off the
+    request path, both predictions logged), or stop with --off."""
+    name, _, version = model.partition("@")
+    if not version:
+        raise InvalidArgument(f"{model!r}: name the version, as MODEL@VERSION")
+    event = models.challenge(load_settings(ClientSettings), name, version, on=not off)
+    state = "no longer a challenger" if off else "a challenger: it runs in the serving one's shadow"
+    print(f"{event.model_name}@{event.version}: {state}")
+    return 0
+
+
 Repeated = Annotated[list[str] | None, typer.Option(metavar="NAME:DATATYPE:DIMS")]
 
 

@@ -216,3 +216,73 @@ def test_the_log_turned_off_logs_nothing_and_still_returns_the_request_id(
         assert server.metric("aistack_model_predictions_logged_total") == 0
     finally:
         server.stop()
+
+
+def test_a_challenger_runs_in_the_champions_shadow_and_the_caller_never_sees_it(
+    infra: Infra, tmp_path: Path, unique: str, regressor: ms.Artifact
+) -> None:
+    """Every request the champion serves is copied to the challenger (share
+    1.0) after the caller has its answer: the caller gets the champion's
+    outputs, and the log holds both predictions under one request id."""
+    import redis
+
+    from shared.contracts.aistack.v1.predictions_pb2 import (
+        PREDICTION_ROLE_CHAMPION,
+        PREDICTION_ROLE_NAMED,
+        PREDICTION_ROLE_SHADOW,
+    )
+    from shared.model_registry import CHALLENGER_LABEL
+
+    settings = ms.settings(
+        infra,
+        tmp_path,
+        unique,
+        online_key_prefix=f"features-{unique}:",
+        prediction_log_entity_fraction=0.0,  # only what the shadows bring
+        prediction_log_tensor_fraction=0.0001,
+        shadow_fraction=1.0,
+    )
+    ensure_topics(settings.kafka, settings.topic_specs())
+    challenger = ms.regressor_event(MODEL, 2, regressor, width=WIDTH, feature=FIELD)
+    challenger.labels[CHALLENGER_LABEL] = "true"
+    challenger.metrics["val_error"] = 0.5  # worse on validation: it does not serve
+    ms.publish(
+        infra,
+        settings.models_topic,
+        ms.regressor_event(MODEL, 1, regressor, width=WIDTH, feature=FIELD),
+        challenger,
+    )
+    window = FeatureWindow(window_key=f"sensor-9/temp/{unique}", entity_id="sensor-9", **STATS)
+    client = redis.Redis.from_url(infra.redis.url)
+    client.hset(f"{settings.online_key_prefix}sensor-9", FIELD, encode_window(window))
+    client.close()
+    server = ms.ServerThread(settings)
+    try:
+        for stub in ms.stub(server.address):
+            served = [stub.ModelInfer(by_entity("sensor-9", f"shadowed-{i}")) for i in range(4)]
+            named = pb.ModelInferRequest(model_name=MODEL, model_version="1", id="named-1")
+            named.parameters["entity_id"].string_param = "sensor-9"
+            direct = stub.ModelInfer(named)
+        ms.wait_for(
+            lambda: server.metric("aistack_model_shadow_runs_total", model=MODEL, outcome="ok")
+            == 4,
+            30,
+            "the four shadow runs",
+        )
+    finally:
+        server.stop()
+    # What the caller got: the champion's answer, as a request naming it gets it.
+    assert {r.model_version for r in served} == {"1"}
+    champion_values = list(direct.outputs[0].contents.fp32_contents)
+    assert all(list(r.outputs[0].contents.fp32_contents) == champion_values for r in served)
+
+    records = [r.decode() for r in read_log(infra, settings.prediction_log_topic, 8, f"s-{unique}")]
+    roles = sorted((p.request_id, p.model_version, p.role) for p in records)
+    assert roles == sorted(
+        [(f"shadowed-{i}", "1", PREDICTION_ROLE_CHAMPION) for i in range(4)]
+        + [(f"shadowed-{i}", "2", PREDICTION_ROLE_SHADOW) for i in range(4)]
+    )
+    shadow = next(p for p in records if p.role == PREDICTION_ROLE_SHADOW)
+    assert shadow.entity_id == "sensor-9" and shadow.window_key == window.window_key
+    assert shadow.outputs[0].name == "prediction" and len(shadow.outputs[0].values) == 1
+    assert PREDICTION_ROLE_NAMED not in {p.role for p in records}  # named: not sampled here

@@ -10,6 +10,7 @@ from bench.harness import ITSELF
 from bench.serving_servers import (
     AISTACK_BATCHED,
     AISTACK_LOG_OFF,
+    AISTACK_SHADOWED,
     AISTACK_UNBATCHED,
     AISTACK_UNBATCHED_LOG_OFF,
     AISTACK_UNBATCHED_UNTRACED,
@@ -49,11 +50,21 @@ def test_every_line_measures_in_the_usual_order_once() -> None:
         (serving.IN_PROCESS, 1),
         (AISTACK_BATCHED, 16),
         (AISTACK_LOG_OFF, 16),
+        (AISTACK_SHADOWED, 16),
         (AISTACK_UNBATCHED, 16),
         (AISTACK_UNBATCHED_LOG_OFF, 16),
         (AISTACK_UNBATCHED_UNTRACED, 16),
         (KSERVE, 16),
     ]
+
+
+def test_the_shadow_cost_compares_one_challenger_with_none_both_logging(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert serving.configs_for(["shadow_cost"]) == [(AISTACK_BATCHED, 16), (AISTACK_SHADOWED, 16)]
+    best = {(AISTACK_BATCHED, 16): result(1000.0), (AISTACK_SHADOWED, 16): result(960.0)}
+    serving.print_figure("shadow_cost", best)
+    assert capsys.readouterr().out.startswith("shadow_cost: ratio 0.96 (goal 0.95)")
 
 
 def test_unbatched_vs_kserve_is_unbatched_throughput_over_kserves(

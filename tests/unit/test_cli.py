@@ -34,7 +34,7 @@ def test_help_lists_every_command_and_offers_completion(
     [
         ("infra", {"up", "down", "status", "fetch"}),
         ("study", {"create", "watch", "best", "stop", "show", "replay"}),
-        ("models", {"list", "fetch", "register"}),
+        ("models", {"list", "fetch", "register", "challenge"}),
     ],
 )
 def test_each_group_holds_its_subcommands(group: str, subcommands: set[str]) -> None:

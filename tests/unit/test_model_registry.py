@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from shared import model_registry
 from shared.bus.consumer import Record
 from shared.bus.loop import DeadLetters
 from shared.bus.testing import MemoryPublisher, MemorySource, record
 from shared.contracts.aistack.v1 import common_pb2, models_pb2
 from shared.errors import NotFound, Unavailable
 from shared.model_registry import Follower, Registry, serving
+from shared.objective import BASELINE_VERSION, baseline_metric
 from tests.model_events import ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,3 +210,41 @@ def test_only_the_shared_registry_decides_which_version_serves() -> None:
                     if taken:
                         offenders.append(f"{path.relative_to(ROOT)}: {sorted(taken)}")
     assert offenders == []
+
+
+def marked(version: int, value: float) -> models_pb2.ModelReady:
+    event = ready(version, value)
+    event.labels[model_registry.CHALLENGER_LABEL] = "true"
+    return event
+
+
+def retuned(
+    version: int, value: float, baseline: int, baseline_value: float
+) -> models_pb2.ModelReady:
+    event = ready(version, value)
+    event.labels[BASELINE_VERSION] = str(baseline)
+    event.metrics[baseline_metric("val_error")] = baseline_value
+    return event
+
+
+def test_the_challengers_are_the_newest_marked_or_retuned_versions_not_the_serving_one() -> None:
+    serving_one = ready(2, 0.10)
+    lost = retuned(4, 0.30, baseline=2, baseline_value=0.20)  # worse than 2 on its own data
+    older_lost = retuned(3, 0.30, baseline=2, baseline_value=0.20)
+    events = [ready(1, 0.5), serving_one, older_lost, lost, ready(5, 0.9), marked(6, 0.4)]
+    registry = model_registry.Registry.of(events)
+    assert registry.serving("m", "champion").version == "2"
+    picked = registry.challengers("m", "champion", 8)
+    assert [e.version for e in picked] == ["6", "4", "3"]  # newest first; 5 is neither
+    assert [e.version for e in registry.challengers("m", "champion", 1)] == ["6"]
+    assert registry.challengers("m", "champion", 0) == []
+    # Marked, the serving version is still not its own challenger; a re-tune
+    # that lost to it is one; under "latest" the re-tune serves and an older
+    # re-tune is none.
+    pair = [marked(1, 0.1), retuned(2, 0.3, 1, 0.2)]
+    assert [e.version for e in model_registry.challengers(pair, "champion", 8)] == ["2"]
+    assert [e.version for e in model_registry.challengers(pair, "latest", 8)] == ["1"]
+    older = [retuned(1, 0.3, 1, 0.2), ready(2, 0.1)]
+    assert model_registry.challengers(older, "champion", 8) == []
+    assert model_registry.challengers([], "champion", 1) == []
+    assert registry.challengers("nothing", "champion", 1) == []
