@@ -4,6 +4,7 @@ model server's unit tests."""
 from __future__ import annotations
 
 from shared.contracts.aistack.v1 import common_pb2, models_pb2
+from shared.objective import BASELINE_VERSION, baseline_metric
 
 
 def ready(
@@ -26,4 +27,14 @@ def ready(
         event.metrics["val_error"] = value
     if refit:
         event.labels["refit"] = "true"
+    return event
+
+
+def retuned(
+    version: int, value: float, baseline: int, baseline_value: float
+) -> models_pb2.ModelReady:
+    """A re-tune's version, measured against ``baseline`` on its own data."""
+    event = ready(version, value)
+    event.labels[BASELINE_VERSION] = str(baseline)
+    event.metrics[baseline_metric("val_error")] = baseline_value
     return event

@@ -16,8 +16,7 @@ from shared.bus.testing import MemoryPublisher, MemorySource, record
 from shared.contracts.aistack.v1 import common_pb2, models_pb2
 from shared.errors import NotFound, Unavailable
 from shared.model_registry import Follower, Registry, serving
-from shared.objective import BASELINE_VERSION, baseline_metric
-from tests.model_events import ready
+from tests.model_events import ready, retuned
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -215,15 +214,6 @@ def test_only_the_shared_registry_decides_which_version_serves() -> None:
 def marked(version: int, value: float) -> models_pb2.ModelReady:
     event = ready(version, value)
     event.labels[model_registry.CHALLENGER_LABEL] = "true"
-    return event
-
-
-def retuned(
-    version: int, value: float, baseline: int, baseline_value: float
-) -> models_pb2.ModelReady:
-    event = ready(version, value)
-    event.labels[BASELINE_VERSION] = str(baseline)
-    event.metrics[baseline_metric("val_error")] = baseline_value
     return event
 
 

@@ -6,19 +6,10 @@ import pytest
 
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import InvalidArgument, NotFound
-from shared.objective import BASELINE_VERSION, baseline_metric
 from svc_model.repository import Repository, Served, wanted
-from tests.model_events import ready
+from tests.model_events import ready, retuned
 
-
-def challenger(
-    version: int, value: float, baseline: int, baseline_value: float
-) -> models_pb2.ModelReady:
-    """A re-tune's version, measured against ``baseline`` on its own data."""
-    event = ready(version, value)
-    event.labels[BASELINE_VERSION] = str(baseline)
-    event.metrics[baseline_metric("val_error")] = baseline_value
-    return event
+challenger = retuned
 
 
 def served(event: models_pb2.ModelReady) -> Served:
