@@ -13,10 +13,11 @@ import typer
 from aistack import models
 from aistack.cli import terminal
 from aistack.settings import ClientSettings
+from shared import model_registry
 from shared.contracts.aistack.v1 import common_pb2
 from shared.errors import InvalidArgument
 from shared.model_signatures import parse_tensor
-from shared.settings import load_settings
+from shared.settings import ServingSettings, load_settings
 
 _DIRECTIONS = {"minimize": common_pb2.DIRECTION_MINIMIZE, "maximize": common_pb2.DIRECTION_MAXIMIZE}
 
@@ -25,7 +26,7 @@ app = typer.Typer(help="The model registry: list, fetch, register.", no_args_is_
 
 @app.command("list")
 def list_versions(name: Annotated[str | None, typer.Argument()] = None) -> int:
-    """A model's versions (every model's without a name); * marks the one served."""
+    """A model's versions (every model's without a name): which serves, which challenge it."""
     return _list(load_settings(ClientSettings), name)
 
 
@@ -154,27 +155,44 @@ def _list(settings: ClientSettings, name: str | None) -> int:
 
     lineage = settings.lineage
     registry = model_registry.read(lineage.kafka, lineage.models_topic, lineage.timeout_seconds)
-    names = [name] if name else registry.names()
-    rows: list[tuple[str, str, str, str, str]] = []
-    for model in names:
-        versions = registry.versions(model)
-        best = registry.serving(model, lineage.serving.policy)
-        for event in versions:
-            mark = "*" if best is not None and event.version == best.version else " "
-            metric = event.objective.metric
-            value = f"{metric}={event.metrics[metric]:.6g}" if metric in event.metrics else "-"
-            origin = event.labels.get(models.REGISTERED) or event.lineage.study_id
-            rows.append((mark, model, str(event.version), value, origin))
+    rows = version_rows(registry, [name] if name else registry.names(), lineage.serving)
     terminal.table(
-        "models (* served)",
-        ("", "model", "version", "objective", "from"),
+        "models",
+        ("model", "version", "role", "objective", "from"),
         rows,
         [
-            f"{mark} {model}@{version:<5} {value:<24} {origin}"
-            for mark, model, version, value, origin in rows
+            f"{model}@{version:<5} {role:<10} {value:<24} {origin}"
+            for model, version, role, value, origin in rows
         ],
     )
     return 0
+
+
+def version_rows(
+    registry: model_registry.Registry, names: list[str], serving: ServingSettings
+) -> list[tuple[str, str, str, str, str]]:
+    """One row per version of each model: its role (``serving``, the version
+    requests get; ``challenger``, run in its shadow; else none), its value on
+    its objective, and where it came from."""
+    rows = []
+    for model in names:
+        best = registry.serving(model, serving.policy)
+        challenging = {
+            e.version for e in registry.challengers(model, serving.policy, serving.challengers)
+        }
+        for event in registry.versions(model):
+            role = (
+                "serving"
+                if best is not None and event.version == best.version
+                else "challenger"
+                if event.version in challenging
+                else "-"
+            )
+            metric = event.objective.metric
+            value = f"{metric}={event.metrics[metric]:.6g}" if metric in event.metrics else "-"
+            origin = event.labels.get(models.REGISTERED) or event.lineage.study_id
+            rows.append((model, event.version, role, value, origin))
+    return rows
 
 
 def _local(artifact: str, scratch: Path) -> Path:

@@ -122,3 +122,26 @@ def test_a_lineage_tree_is_the_same_tree_on_and_off_a_terminal(
     lines = drawn.getvalue().splitlines()
     # Rich's guides; a title's brackets are text, not markup.
     assert lines == ["prediction r-1", "└── model m@2", "    └── [raw] x"]
+
+
+def test_models_list_shows_which_version_serves_and_which_challenge_it() -> None:
+    from aistack.cli.models import version_rows
+    from shared import model_registry
+    from shared.settings import ServingSettings
+    from tests.model_events import ready, retuned
+
+    marked = ready(4, 0.3)
+    marked.labels[model_registry.CHALLENGER_LABEL] = "true"
+    registry = model_registry.Registry.of(
+        [ready(1, 0.2), ready(2, 0.1), retuned(3, 0.4, baseline=2, baseline_value=0.1), marked]
+    )
+    rows = version_rows(registry, ["m"], ServingSettings(challengers=2))
+    assert [(version, role) for _, version, role, _, _ in rows] == [
+        ("1", "-"),
+        ("2", "serving"),
+        ("3", "challenger"),
+        ("4", "challenger"),
+    ]
+    assert rows[1][3] == "val_error=0.1"
+    only_one = version_rows(registry, ["m"], ServingSettings(challengers=1))
+    assert [role for _, _, role, _, _ in only_one] == ["-", "serving", "-", "challenger"]
