@@ -10,7 +10,15 @@ Any other prediction is judged by the ``Label`` users publish under its
 request id and model.
 
 Each truth stream (windows, labels) has a watermark: the latest truth time
-seen (a window's end, a label's event time) less the lateness allowed. A
+seen (a window's end, a label's event time) less the lateness allowed, taken
+per partition and the least of them (as Flink's sources do): a partition
+read ahead of the others, as a replay reads them unevenly, does not make the
+others' truths late; it never goes back. While the joiner replays its
+lookback (``holding``), the watermark holds at the highest it had published:
+a partition not read yet would otherwise count for nothing, and one read to
+its end expire what another partition's truths would join; ``release``
+moves it on when the replay is done; meanwhile a truth is late by its own
+partition's latest. A
 truth at or after the watermark is taken and kept until the watermark passes
 it; one older than the watermark is late and dropped. A prediction waits for
 its truth until the watermark passes the truth's time (a forecast: its
@@ -135,9 +143,18 @@ class _Stream:
     # (time, key) heaps, for eviction by the watermark; entries may be stale.
     truth_times: list[tuple[int, Hashable]] = field(default_factory=list)
     due_times: list[tuple[int, Hashable]] = field(default_factory=list)
+    # The latest truth time read from each partition.
+    latest_us: dict[int, int] = field(default_factory=dict)
 
-    def advance(self, truth_us: int) -> None:
-        self.watermark_us = max(self.watermark_us, truth_us - self.lateness_us)
+    def advance(self, truth_us: int, partition: int, *, holding: bool) -> None:
+        self.latest_us[partition] = max(self.latest_us.get(partition, _NEVER), truth_us)
+        if not holding:
+            self.release()
+
+    def release(self) -> None:
+        if self.latest_us:
+            least = min(self.latest_us.values()) - self.lateness_us
+            self.watermark_us = max(self.watermark_us, least)
 
 
 class Joiner:
@@ -159,6 +176,7 @@ class Joiner:
         self._observe = observe
         self._settled: set[str] = set()
         self._waiting_ids: set[str] = set()
+        self.holding = False
 
     def watermark_us(self, source: TruthSource) -> int | None:
         """The stream's watermark; None before any truth."""
@@ -180,6 +198,16 @@ class Joiner:
         if stream is not None and joined.HasField("watermark"):
             stream.watermark_us = max(stream.watermark_us, joined.watermark.ToMicroseconds())
         return True
+
+    def release(self) -> list[PredictionJoined]:
+        """End ``holding``: each watermark moves on to where the truths read
+        put it; returns what that expired."""
+        self.holding = False
+        settled = []
+        for source, stream in self._streams.items():
+            stream.release()
+            settled.extend(self._expire(source, stream))
+        return settled
 
     def prediction(self, prediction: PredictionLogged) -> list[PredictionJoined]:
         ident = join_id(prediction)
@@ -212,7 +240,7 @@ class Joiner:
         self._waiting_ids.add(ident)
         return []
 
-    def window(self, window: FeatureWindow) -> list[PredictionJoined]:
+    def window(self, window: FeatureWindow, partition: int = 0) -> list[PredictionJoined]:
         if window.open:
             # A running aggregate: its closed window, same key, is the truth.
             self._observe("window", "open")
@@ -222,13 +250,12 @@ class Joiner:
         key = window_key(
             window.entity_id, window.metric, dict(window.dimensions), end_us - start_us, start_us
         )
-        return self._truth("window", TRUTH_SOURCE_WINDOW, key, end_us, window)
+        return self._truth("window", TRUTH_SOURCE_WINDOW, key, end_us, window, partition)
 
-    def label(self, label: Label) -> list[PredictionJoined]:
+    def label(self, label: Label, partition: int = 0) -> list[PredictionJoined]:
         key = (label.model_name, label.request_id)
-        return self._truth(
-            "label", TRUTH_SOURCE_LABEL, key, label.event_time.ToMicroseconds(), label
-        )
+        time_us = label.event_time.ToMicroseconds()
+        return self._truth("label", TRUTH_SOURCE_LABEL, key, time_us, label, partition)
 
     def _truth(
         self,
@@ -237,9 +264,15 @@ class Joiner:
         key: Hashable,
         truth_us: int,
         truth: FeatureWindow | Label,
+        partition: int,
     ) -> list[PredictionJoined]:
         stream = self._streams[source]
-        if truth_us < stream.watermark_us:
+        late_before = stream.watermark_us
+        if self.holding:
+            # The held watermark cannot tell; its own partition's lateness can.
+            own = stream.latest_us.get(partition, _NEVER)
+            late_before = max(late_before, own - stream.lateness_us)
+        if truth_us < late_before:
             self._observe(kind, "late")
             return []
         if key in stream.truths:
@@ -253,8 +286,9 @@ class Joiner:
             self._settle(waiting, source, JOIN_OUTCOME_JOINED, truth)
             for waiting in stream.waiting.pop(key, [])
         ]
-        stream.advance(truth_us)
-        settled.extend(self._expire(source, stream))
+        stream.advance(truth_us, partition, holding=self.holding)
+        if not self.holding:
+            settled.extend(self._expire(source, stream))
         return settled
 
     def _expire(self, source: TruthSource, stream: _Stream) -> list[PredictionJoined]:

@@ -11,8 +11,10 @@ nothing is committed, and state is rebuilt from the topics at start.
    watermark at least the highest published) and counted into the live
    errors once;
 2. the predictions, then the labels, then the windows of the last
-   ``join_lookback_seconds`` (by record time) are replayed: what was not
-   settled waits again, and is joined by the truths replayed after it;
+   ``join_lookback_seconds`` (by record time) are replayed, the watermarks
+   held at the highest published (``Joiner.holding``), then released: what
+   was not settled waits again, and is joined by the truths replayed after
+   it or expires;
 3. then all three are followed, in turn.
 
 A settlement published before a kill is read back in step 1; one the kill
@@ -101,10 +103,14 @@ class JoinHandler:
         self._settle(self.joiner.prediction(message) for message, _ in batch)
 
     def windows(self, batch: Batch[features_pb2.FeatureWindow]) -> None:
-        self._settle(self.joiner.window(message) for message, _ in batch)
+        self._settle(self.joiner.window(message, record.partition) for message, record in batch)
 
     def labels(self, batch: Batch[predictions_pb2.Label]) -> None:
-        self._settle(self.joiner.label(message) for message, _ in batch)
+        self._settle(self.joiner.label(message, record.partition) for message, record in batch)
+
+    def release(self) -> None:
+        """The replay is done: the watermarks move on (``Joiner.release``)."""
+        self._settle([self.joiner.release()])
 
     def publish_due(self, *, force: bool = False) -> int:
         """Publish the live error of each changed version whose interval has
@@ -188,6 +194,7 @@ class Joining:
         remembered = self._remember(max(deadline - time.monotonic(), 1.0))
         since_ms = time.time_ns() // 1_000_000 - int(s.join_lookback_seconds * 1000)
         h = self.handler
+        h.joiner.holding = True
         # Predictions first: a truth replayed after them joins them, whatever
         # the watermark had let go before the restart.
         self._replay(
@@ -195,6 +202,7 @@ class Joining:
         )
         self._replay(s.labels_topic, predictions_pb2.Label, h.labels, since_ms, deadline)
         self._replay(s.windows_topic, features_pb2.FeatureWindow, h.windows, since_ms, deadline)
+        h.release()
         h.publish_due(force=True)
         self._publisher.flush()
         log.info(

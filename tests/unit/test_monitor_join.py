@@ -287,16 +287,44 @@ def test_a_restarted_joiner_settles_each_prediction_once_as_one_that_ran_through
         for joined in before:
             assert restarted.remember(joined)
         assert not restarted.remember(before[0])
-        # The replay: predictions of the lookback first, then the truths.
+        # The replay: predictions of the lookback first, then the truths,
+        # the watermark held; here one sensor's windows (a partition) read
+        # to its end before the next is read at all.
         predictions = [i for i in items if isinstance(i, predictions_pb2.PredictionLogged)]
-        truths = [i for i in items if not isinstance(i, predictions_pb2.PredictionLogged)]
-        after = feed(restarted, [*predictions, *truths])
+        restarted.holding = True
+        after = feed(restarted, predictions)
+        for sensor in ("sensor-0", "sensor-1", "sensor-2"):
+            for item in items:
+                if isinstance(item, features_pb2.FeatureWindow) and item.entity_id == sensor:
+                    after.extend(restarted.window(item, partition=int(sensor[-1])))
+        after.extend(restarted.release())
         both = by_request([*before, *after])
         assert both.keys() == whole.keys()
         assert {r: (s.outcome, s.error) for r, s in both.items()} == {
             r: (s.outcome, s.error) for r, s in whole.items()
         }
         assert all(s.join_id == whole[r].join_id for r, s in both.items())
+
+
+def test_the_watermark_is_the_least_of_the_partitions_and_holds_while_replaying() -> None:
+    j = joiner()
+    j.prediction(forecast("r1", 0, 21.0, entity="sensor-2"))
+    # Partition 0 far ahead; partition 1 behind: the watermark is partition 1's.
+    assert j.window(truth_window(0, 0.0, entity="sensor-1"), partition=1) == []
+    assert j.window(truth_window(9, 0.0, entity="sensor-0"), partition=0) == []
+    assert j.watermark_us(TRUTH_SOURCE_WINDOW) == T0_US + MINUTE_US - LATENESS_US
+    [joined] = j.window(truth_window(1, 20.0, entity="sensor-2"), partition=2)
+    assert joined.outcome == JOIN_OUTCOME_JOINED
+    held = joiner()
+    held.holding = True
+    held.prediction(forecast("r1", 0, 21.0, entity="sensor-2"))
+    assert held.window(truth_window(9, 0.0, entity="sensor-0")) == []
+    assert held.watermark_us(TRUTH_SOURCE_WINDOW) is None
+    [expired] = held.release()
+    assert (expired.outcome, held.watermark_us(TRUTH_SOURCE_WINDOW)) == (
+        JOIN_OUTCOME_EXPIRED,
+        T0_US + 10 * MINUTE_US - LATENESS_US,
+    )
 
 
 # ---- labels: the digits model ----
