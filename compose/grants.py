@@ -39,10 +39,13 @@ from shared.bus.topics import (
     EVENTS_DLQ,
     EVENTS_RAW,
     FEATURES_WINDOWS,
+    LABELS,
     MODELS_READY,
     MONITORING_DRIFT,
+    MONITORING_PERFORMANCE,
     PREDICTIONS,
     PREDICTIONS_BATCH,
+    PREDICTIONS_JOINED,
     TUNING_CONTROL,
     TUNING_REPORTS,
     TUNING_RESULTS,
@@ -121,14 +124,22 @@ KAFKA_GRANTS: Mapping[str, tuple[Grant, ...]] = {
         _TAIL,
     ),
     "svc_monitor": (
-        *_topics(READ, MODELS_READY, FEATURES_WINDOWS, MONITORING_DRIFT),
-        *_topics(WRITE, MONITORING_DRIFT, EVENTS_DLQ),
+        *_topics(
+            READ,
+            MODELS_READY,
+            FEATURES_WINDOWS,
+            MONITORING_DRIFT,
+            PREDICTIONS,
+            LABELS,
+            PREDICTIONS_JOINED,
+        ),
+        *_topics(WRITE, MONITORING_DRIFT, PREDICTIONS_JOINED, MONITORING_PERFORMANCE, EVENTS_DLQ),
         _TAIL,
     ),
     # The user's CLI and client: sends raw events, registers models trained
     # elsewhere, publishes batch predictions; reads what the demo and lineage show.
     "client": (
-        *_topics(WRITE, EVENTS_RAW, MODELS_READY, PREDICTIONS_BATCH),
+        *_topics(WRITE, EVENTS_RAW, MODELS_READY, PREDICTIONS_BATCH, LABELS),
         *_topics(
             READ,
             EVENTS_RAW,
@@ -139,6 +150,8 @@ KAFKA_GRANTS: Mapping[str, tuple[Grant, ...]] = {
             TUNING_RESULTS,
             MODELS_READY,
             PREDICTIONS,
+            PREDICTIONS_JOINED,
+            MONITORING_PERFORMANCE,
         ),
         _TAIL,
         _group("aistack-lineage", AclOperation.DESCRIBE),

@@ -24,12 +24,14 @@ offset and the count of the clean events the window aggregates, as
 bigint, count bigint>>`` (aistack.v1.OffsetRange's fields); files written
 before it lack the column.
 
-A model fed by entity takes a window's ``FEATURE_STATS``, in that order.
+A model fed by entity takes a window's ``FEATURE_STATS``, in that order, and
+predicts a statistic of the next window of the series (``forecast_label``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -168,6 +170,37 @@ def window_kind(size_seconds: int, slide_seconds: int) -> str:
     if slide_seconds == size_seconds:
         return f"tumbling-{size_seconds}s"
     return f"sliding-{size_seconds}s-every-{slide_seconds}s"
+
+
+_KIND = re.compile(r"tumbling-(\d+)s|sliding-(\d+)s-every-(\d+)s")
+
+
+def window_spans(kind: str) -> tuple[int, int] | None:
+    """``window_kind``'s inverse: (size, slide) in seconds, None for a name
+    that is not a window kind."""
+    match = _KIND.fullmatch(kind)
+    if match is None:
+        return None
+    tumbling, size, slide = match.groups()
+    if tumbling is not None:
+        return int(tumbling), int(tumbling)
+    return int(size), int(slide)
+
+
+def forecast_label(statistic: str, metric: str) -> str:
+    """What a forecast model predicts, as its lineage says it
+    (``DataLineage.label``): the ``statistic`` of the window after the one it
+    reads, e.g. ``mean of the next temperature window``."""
+    return f"{statistic} of the next {metric} window"
+
+
+def forecast_statistic(label: str) -> str:
+    """The statistic of ``forecast_label``'s words; "" where ``label`` is
+    not such a sentence (a model that does not forecast windows)."""
+    statistic, found, rest = label.partition(" of the next ")
+    if found and rest.endswith(" window") and statistic in FEATURE_STATS:
+        return statistic
+    return ""
 
 
 def online_field(metric: str, window: str, path: str = "") -> str:

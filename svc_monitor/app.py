@@ -11,11 +11,16 @@ Start-up, in order:
 4. the horizons: the last ``rebuild_records`` records of each partition of
    the windows topic, read without a consumer group (nothing is committed:
    the horizon is rebuilt from the log's tail every start, so a restart does
-   not wait for a full horizon), then judged once.
+   not wait for a full horizon), then judged once;
+5. the joiner (``svc_monitor.joining``): its own settlements read back, the
+   predictions, labels and windows of its lookback replayed.
 
-``run`` then follows both topics from one thread, in turn: new versions
+``run`` then follows the topics from one thread, in turn: new versions
 into the registry and the watched versions, new windows into the horizons
-and to the judge. Every
+and to the judge, then the joiner's predictions, labels and windows. The
+joiner lives here, not in a service of its own, because it needs what the
+monitor already has: the registry (which statistic and window kind a
+version forecasts) and the windows. Every
 read is outside any consumer group, so replicas would each publish: run one.
 """
 
@@ -36,6 +41,7 @@ from shared.errors import Unavailable, UndecodableRecord
 from shared.log import get_logger
 from svc_monitor.handlers import ModelsHandler, WindowsHandler
 from svc_monitor.horizon import Horizons
+from svc_monitor.joining import Joining
 from svc_monitor.metrics import MonitorMetrics
 from svc_monitor.settings import MonitorSettings
 from svc_monitor.watch import Judge, Registry
@@ -74,6 +80,9 @@ class MonitorApp:
         self.models_handler = ModelsHandler(self.registry, metrics)
         self.windows_handler = WindowsHandler(
             self.horizons, self.registry, self.judge, producer, settings.drift_topic, metrics
+        )
+        self.joining = Joining(
+            settings, producer, self.dead_letters, self.models, metrics, clock_us
         )
         self._follower: model_registry.Follower | None = None
         self._windows: BusTail[features_pb2.FeatureWindow] | None = None
@@ -126,6 +135,8 @@ class MonitorApp:
             self.windows_handler.judging = True
             self.windows_handler.judge_pending()
             self.producer.flush()
+        self._closers.append(self.joining.close)
+        self.joining.open(deadline)
         log.info(
             "monitor.started",
             watched=[(w.model_name, w.version, w.feature) for w in self.registry.watched()],
@@ -142,6 +153,7 @@ class MonitorApp:
         while not stop():
             self.models_handler(self._follower.step())
             windows.step()
+            self.joining.step()
 
     def close(self) -> None:
         """Release the consumers, then deliver what is queued and close the producer."""

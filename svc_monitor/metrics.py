@@ -17,6 +17,10 @@ class MonitorMetrics:
     drift_events: Counter
     watched: Gauge
     dead_letters: Counter
+    join_inputs: Counter
+    settled: Counter
+    pending: Gauge
+    performance_events: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> MonitorMetrics:
@@ -47,4 +51,24 @@ class MonitorMetrics:
                 **common,
             ),
             dead_letters=counter("dead_letters", "Records dead-lettered", ("reason",)),
+            join_inputs=counter(
+                "join_inputs",
+                "The joiner's inputs by kind (prediction, window, label) and what became "
+                "of each: waiting, joined, expired, repeated, unusable (predictions); "
+                "taken, late, repeated, open (truths)",
+                ("kind", "outcome"),
+            ),
+            settled=counter(
+                "predictions_settled",
+                "Logged predictions settled on the joined topic: joined or expired",
+                ("model", "outcome"),
+            ),
+            pending=Gauge(
+                "monitor_predictions_pending",
+                "Logged predictions waiting for their truth",
+                **common,
+            ),
+            performance_events=counter(
+                "performance_events", "LivePerformance events published", ("model",)
+            ),
         )

@@ -8,8 +8,12 @@ from pydantic_settings import SettingsConfigDict
 from shared.bus.topics import (
     EVENTS_DLQ,
     FEATURES_WINDOWS,
+    LABELS,
     MODELS_READY,
     MONITORING_DRIFT,
+    MONITORING_PERFORMANCE,
+    PREDICTIONS,
+    PREDICTIONS_JOINED,
     TOPICS_BY_NAME,
     TopicSpec,
 )
@@ -38,6 +42,25 @@ class MonitorSettings(ServiceSettings):
     # Records per partition of the windows topic read back on start to refill
     # the horizons (0: start empty and wait for new windows).
     rebuild_records: int = Field(default=1000, ge=0, le=10_000_000)
+    # The joiner: logged predictions in, their truths (windows, users' labels)
+    # in, each prediction settled once on the joined topic, each version's
+    # live error on the performance topic.
+    predictions_topic: str = PREDICTIONS
+    labels_topic: str = LABELS
+    joined_topic: str = PREDICTIONS_JOINED
+    performance_topic: str = MONITORING_PERFORMANCE
+    # Event time a truth may trail the latest of its stream and still be
+    # joined (windows by their end, labels by their event time); a prediction
+    # whose truth is older than that is settled as expired.
+    window_lateness_seconds: float = Field(default=120.0, ge=0, le=7 * 86400)
+    label_lateness_seconds: float = Field(default=3600.0, ge=0, le=30 * 86400)
+    # How far back (by record time) the predictions, windows and labels are
+    # replayed at start to rebuild what waits: more than a prediction waits.
+    join_lookback_seconds: float = Field(default=7200.0, gt=0, le=30 * 86400)
+    # A version's live error covers its latest this many joined predictions,
+    # published at most once per interval per version.
+    performance_horizon: int = Field(default=1000, ge=1, le=10_000_000)
+    performance_interval_seconds: float = Field(default=10.0, ge=0, le=86400)
     # How long start-up may take to read the models and drift topics.
     replay_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     metrics_port: int = Field(default=9107, ge=0, le=65535)
@@ -65,5 +88,9 @@ class MonitorSettings(ServiceSettings):
             TOPICS_BY_NAME[MODELS_READY].named(self.models_topic),
             TOPICS_BY_NAME[FEATURES_WINDOWS].named(self.windows_topic),
             TOPICS_BY_NAME[MONITORING_DRIFT].named(self.drift_topic),
+            TOPICS_BY_NAME[PREDICTIONS].named(self.predictions_topic),
+            TOPICS_BY_NAME[LABELS].named(self.labels_topic),
+            TOPICS_BY_NAME[PREDICTIONS_JOINED].named(self.joined_topic),
+            TOPICS_BY_NAME[MONITORING_PERFORMANCE].named(self.performance_topic),
             TOPICS_BY_NAME[EVENTS_DLQ].named(self.dlq_topic),
         ]

@@ -223,7 +223,9 @@ class BusTail(Generic[MessageT]):
     started, e.g. control messages that all replicas must see) or, with
     ``from_beginning``, from the first record still in the log (a compacted
     registry replayed on start), or, with ``last``, from that many records
-    before each partition's end (a recent past to rebuild state from);
+    before each partition's end (a recent past to rebuild state from), or,
+    with ``since_ms``, from the first record whose timestamp is at or after
+    it (a past of a given length);
     ``caught_up`` says when the records that were there at start have all
     been read. Nothing is committed."""
 
@@ -236,6 +238,7 @@ class BusTail(Generic[MessageT]):
         timeout: float = 30.0,
         from_beginning: bool = False,
         last: int = 0,
+        since_ms: int | None = None,
         reader: str = "tail",
         config: Mapping[str, Any] | None = None,
     ) -> None:
@@ -266,6 +269,10 @@ class BusTail(Generic[MessageT]):
                 low, end = self._watermarks(TopicPartition(topic, partition), timeout)
                 self._marks[(topic, partition)] = (low, end)
                 start = OFFSET_BEGINNING if from_beginning else max(low, end - last)
+                if since_ms is not None:
+                    start = self._offset_at(
+                        TopicPartition(topic, partition, since_ms), end, timeout
+                    )
                 assignment.append(TopicPartition(topic, partition, start))
         self._consumer.assign(assignment)
         self._assignment = assignment
@@ -283,6 +290,14 @@ class BusTail(Generic[MessageT]):
                 if time.monotonic() > deadline:
                     raise Unavailable(f"no end offset for {partition.topic}: {exc}") from exc
                 time.sleep(0.2)
+
+    def _offset_at(self, at: TopicPartition, end: int, timeout: float) -> int:
+        try:
+            (found,) = self._consumer.offsets_for_times([at], timeout=timeout)
+        except KafkaException as exc:
+            raise Unavailable(f"no offset by time for {at.topic}: {exc}") from exc
+        # -1: no record that late, so the tail starts at the end.
+        return end if found.offset < 0 else int(found.offset)
 
     def caught_up(self) -> bool:
         """Whether every record each partition held at start has been read."""

@@ -41,6 +41,9 @@ MODELS_READY = "aistack.models.ready"
 PREDICTIONS = "aistack.predictions"
 PREDICTIONS_BATCH = "aistack.predictions.batch"
 MONITORING_DRIFT = "aistack.monitoring.drift"
+LABELS = "aistack.labels"
+PREDICTIONS_JOINED = "aistack.predictions.joined"
+MONITORING_PERFORMANCE = "aistack.monitoring.performance"
 
 # Raw records over svc_ingest's payload limit must still reach it, to become
 # dead letters with a reason rather than producer errors nobody sees; their
@@ -88,6 +91,12 @@ TOPICS: tuple[TopicSpec, ...] = (
     TopicSpec(PREDICTIONS_BATCH, predictions_pb2.BatchPrediction),
     # The drift monitor's findings; svc_tuner starts re-tunes from them.
     TopicSpec(MONITORING_DRIFT, monitoring_pb2.DriftDetected),
+    # The truth of predictions not fed windows, published by users.
+    TopicSpec(LABELS, predictions_pb2.Label),
+    # svc_monitor's joiner: each logged prediction settled with its truth
+    # (it reads them back at start), and each version's live error.
+    TopicSpec(PREDICTIONS_JOINED, predictions_pb2.PredictionJoined),
+    TopicSpec(MONITORING_PERFORMANCE, monitoring_pb2.LivePerformance),
 )
 TOPICS_BY_NAME: Mapping[str, TopicSpec] = {spec.name: spec for spec in TOPICS}
 

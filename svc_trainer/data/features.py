@@ -37,6 +37,7 @@ from shared.feature_store import (
     FEATURE_STATS,
     WINDOW_FROM,
     WINDOW_TO,
+    forecast_label,
     online_field,
 )
 from shared.offline_store import Windows
@@ -152,7 +153,7 @@ def _load(options: Mapping[str, str], features_path: str, catch_up_seconds: floa
         distribution=distribution(train),
         train_val_distribution=distribution(np.concatenate([train, val])),
         feature_names=tuple(feature_names(windows.stat_names, lags)),
-        label=f"{label} of the next {metric} window",
+        label=forecast_label(label, metric),
         split=f"chronological {TRAIN_PERCENT}/{VAL_END_PERCENT - TRAIN_PERCENT}/"
         f"{100 - VAL_END_PERCENT}",
     )

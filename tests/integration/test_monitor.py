@@ -51,6 +51,14 @@ class MonitorProcess:
             "AISTACK_MONITOR_WINDOWS_TOPIC": settings.windows_topic,
             "AISTACK_MONITOR_DRIFT_TOPIC": settings.drift_topic,
             "AISTACK_MONITOR_DLQ_TOPIC": settings.dlq_topic,
+            "AISTACK_MONITOR_PREDICTIONS_TOPIC": settings.predictions_topic,
+            "AISTACK_MONITOR_LABELS_TOPIC": settings.labels_topic,
+            "AISTACK_MONITOR_JOINED_TOPIC": settings.joined_topic,
+            "AISTACK_MONITOR_PERFORMANCE_TOPIC": settings.performance_topic,
+            "AISTACK_MONITOR_WINDOW_LATENESS_SECONDS": str(settings.window_lateness_seconds),
+            "AISTACK_MONITOR_PERFORMANCE_INTERVAL_SECONDS": str(
+                settings.performance_interval_seconds
+            ),
             "AISTACK_MONITOR_HORIZON_WINDOWS": str(HORIZON),
             "AISTACK_MONITOR_METRICS_PORT": str(self.metrics_port),
         }
@@ -73,6 +81,11 @@ class MonitorProcess:
     def metric(self, name: str, labels: str = "") -> float:
         return metric_value(self.metrics_port, f"aistack_monitor_{name}", labels)
 
+    def kill(self) -> None:
+        """SIGKILL: no clean shutdown, nothing flushed that was not."""
+        self.process.kill()
+        self.process.wait(timeout=10)
+
     def terminate(self) -> int:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=30)
@@ -92,6 +105,10 @@ def settings(infra: Infra, unique: str) -> MonitorSettings:
         windows_topic=f"windows-{unique}",
         drift_topic=f"drift-{unique}",
         dlq_topic=f"dlq-{unique}",
+        predictions_topic=f"predictions-{unique}",
+        labels_topic=f"labels-{unique}",
+        joined_topic=f"joined-{unique}",
+        performance_topic=f"performance-{unique}",
         horizon_windows=HORIZON,
     )
     ensure_topics(settings.kafka, settings.topic_specs())

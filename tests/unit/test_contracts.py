@@ -35,8 +35,16 @@ DESIGN_TOPICS = {
 }
 # Ours beyond the design's list: where the tuner announces a study's result,
 # svc_model's prediction log, and where `aistack score --publish` puts its
-# predictions.
-EXTRA_TOPICS = {"aistack.tuning.results", "aistack.predictions", "aistack.predictions.batch"}
+# predictions, the labels users publish, and svc_monitor's joined predictions
+# and live errors.
+EXTRA_TOPICS = {
+    "aistack.tuning.results",
+    "aistack.predictions",
+    "aistack.predictions.batch",
+    "aistack.labels",
+    "aistack.predictions.joined",
+    "aistack.monitoring.performance",
+}
 AISTACK_FILES = [
     common_pb2,
     events_pb2,

@@ -458,6 +458,10 @@ def test_settings_defaults_and_a_horizon_smaller_than_min_windows(
         "aistack.models.ready",
         "aistack.features.windows",
         "aistack.monitoring.drift",
+        "aistack.predictions",
+        "aistack.labels",
+        "aistack.predictions.joined",
+        "aistack.monitoring.performance",
         "aistack.events.dlq",
     ]
     monkeypatch.setenv("AISTACK_MONITOR_HORIZON_WINDOWS", "10")
