@@ -4,7 +4,9 @@ model trained elsewhere (``aistack.models``)."""
 
 from __future__ import annotations
 
+import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +16,7 @@ from aistack import models
 from aistack.cli import terminal
 from aistack.settings import ClientSettings
 from shared import model_registry
-from shared.contracts.aistack.v1 import common_pb2
+from shared.contracts.aistack.v1 import common_pb2, monitoring_pb2
 from shared.errors import InvalidArgument
 from shared.model_signatures import parse_tensor
 from shared.settings import ServingSettings, load_settings
@@ -151,29 +153,41 @@ def register(
 
 
 def _list(settings: ClientSettings, name: str | None) -> int:
-    from shared import model_registry
+    from shared import live_performance, model_registry
+    from shared.errors import Unavailable
 
     lineage = settings.lineage
     registry = model_registry.read(lineage.kafka, lineage.models_topic, lineage.timeout_seconds)
-    rows = version_rows(registry, [name] if name else registry.names(), lineage.serving)
+    try:
+        live = live_performance.read(
+            lineage.kafka, lineage.performance_topic, lineage.timeout_seconds
+        )
+    except Unavailable as exc:  # no monitor has published yet: the registry alone
+        print(f"no live errors: {exc}", file=sys.stderr)
+        live = {}
+    rows = version_rows(registry, [name] if name else registry.names(), lineage.serving, live)
     terminal.table(
         "models",
-        ("model", "version", "role", "objective", "from"),
+        ("model", "version", "role", "objective", "live error", "from"),
         rows,
         [
-            f"{model}@{version:<5} {role:<10} {value:<24} {origin}"
-            for model, version, role, value, origin in rows
+            f"{model}@{version:<5} {role:<10} {value:<24} {error:<24} {origin}"
+            for model, version, role, value, error, origin in rows
         ],
     )
     return 0
 
 
 def version_rows(
-    registry: model_registry.Registry, names: list[str], serving: ServingSettings
-) -> list[tuple[str, str, str, str, str]]:
+    registry: model_registry.Registry,
+    names: list[str],
+    serving: ServingSettings,
+    live: Mapping[tuple[str, str], monitoring_pb2.LivePerformance] | None = None,
+) -> list[tuple[str, str, str, str, str, str]]:
     """One row per version of each model: its role (``serving``, the version
     requests get; ``challenger``, run in its shadow; else none), its value on
-    its objective, and where it came from."""
+    its objective (validation), its live error over the predictions joined
+    with their truth (``shared.live_performance``) and where it came from."""
     rows = []
     for model in names:
         best = registry.serving(model, serving.policy)
@@ -191,7 +205,13 @@ def version_rows(
             metric = event.objective.metric
             value = f"{metric}={event.metrics[metric]:.6g}" if metric in event.metrics else "-"
             origin = event.labels.get(models.REGISTERED) or event.lineage.study_id
-            rows.append((model, event.version, role, value, origin))
+            summary = (live or {}).get((model, event.version))
+            error = (
+                f"{summary.metric}={summary.mae:.6g} (n={summary.pairs})"
+                if summary is not None and summary.pairs
+                else "-"
+            )
+            rows.append((model, event.version, role, value, error, origin))
     return rows
 
 

@@ -12,6 +12,7 @@ from rich.console import Console
 from aistack import cli
 from aistack.cli import terminal
 from aistack.lineage import Node
+from shared.contracts.aistack.v1 import monitoring_pb2
 
 COMMANDS = {
     "infra", "up", "down", "status", "env", "dashboard", "logs", "produce", "score", "lineage",
@@ -135,13 +136,28 @@ def test_models_list_shows_which_version_serves_and_which_challenge_it() -> None
     registry = model_registry.Registry.of(
         [ready(1, 0.2), ready(2, 0.1), retuned(3, 0.4, baseline=2, baseline_value=0.1), marked]
     )
-    rows = version_rows(registry, ["m"], ServingSettings(challengers=2))
-    assert [(version, role) for _, version, role, _, _ in rows] == [
-        ("1", "-"),
-        ("2", "serving"),
-        ("3", "challenger"),
-        ("4", "challenger"),
+    live = {
+        ("m", "2"): monitoring_pb2.LivePerformance(
+            model_name="m", model_version="2", metric="mae", mae=0.42, pairs=120
+        )
+    }
+    rows = version_rows(registry, ["m"], ServingSettings(challengers=2), live)
+    assert [(version, role, error) for _, version, role, _, error, _ in rows] == [
+        ("1", "-", "-"),
+        ("2", "serving", "mae=0.42 (n=120)"),
+        ("3", "challenger", "-"),
+        ("4", "challenger", "-"),
     ]
     assert rows[1][3] == "val_error=0.1"
     only_one = version_rows(registry, ["m"], ServingSettings(challengers=1))
-    assert [role for _, _, role, _, _ in only_one] == ["-", "serving", "-", "challenger"]
+    assert [row[2] for row in only_one] == ["-", "serving", "-", "challenger"]
+
+
+def test_the_latest_live_error_of_each_version_wins() -> None:
+    from shared import live_performance
+
+    def summary(version: str, pairs: int) -> monitoring_pb2.LivePerformance:
+        return monitoring_pb2.LivePerformance(model_name="m", model_version=version, pairs=pairs)
+
+    found = live_performance.latest([summary("1", 5), summary("2", 3), summary("1", 9)])
+    assert {key: s.pairs for key, s in found.items()} == {("m", "1"): 9, ("m", "2"): 3}
