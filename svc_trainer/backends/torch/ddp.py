@@ -103,6 +103,17 @@ def join_group(
     return Group(rank, world, device)
 
 
+def leave_group(completed: bool) -> None:
+    """Leave the default process group (``join_group``'s). When this rank's
+    run completed, a barrier first: a rank that closed its connections while
+    another still read the last collective's bytes reset them under it (gloo:
+    "Connection reset by peer", seen once on a loaded machine). After a
+    failure no barrier: the other ranks may never reach it."""
+    if completed:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def _ddp_rank(rank: int, world: int, init: str, spec: RunSpec, data: DataSplits) -> None:
     torch.manual_seed(spec.seed)
     code = 0
@@ -169,6 +180,7 @@ def _ddp_train(
         torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // per_node))
     device = device_for(spec.device, local)
     group = join_group(rank, world, init, device)
+    completed = False
     try:
         model.to(device)
         wrapped = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
@@ -180,9 +192,10 @@ def _ddp_train(
         result = loop.run()
         digests: list[str | None] = [None] * world
         dist.all_gather_object(digests, weights_digest(model))
+        completed = True
         return replace(result, replica_digests=tuple(str(d) for d in digests)), model
     finally:
-        dist.destroy_process_group()
+        leave_group(completed)
 
 
 def weights_digest(model: nn.Module) -> str:

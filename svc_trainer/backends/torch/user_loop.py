@@ -44,6 +44,7 @@ from svc_trainer.backends.torch.ddp import (
     RANKS_TERMINATE_GRACE_S,
     ddp_world_size,
     join_group,
+    leave_group,
     rank_context,
 )
 from svc_trainer.backends.torch.devices import device_for, use_cuda
@@ -215,10 +216,13 @@ def _joined(
         torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // per_node))
     device = device_for(spec.device, rank if local_rank is None else local_rank)
     group = join_group(rank, world, init, device)
+    completed = False
     try:
-        return run_rank(spec, data, channel, rank=rank, world=world, device=device, group=group)
+        ran = run_rank(spec, data, channel, rank=rank, world=world, device=device, group=group)
+        completed = True
+        return ran
     finally:
-        dist.destroy_process_group()
+        leave_group(completed)
 
 
 def _rank(rank: int, world: int, init: str, spec: RunSpec, data: DataSplits, said: str) -> None:
