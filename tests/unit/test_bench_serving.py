@@ -136,3 +136,9 @@ def test_every_round_measures_every_configuration_and_the_median_counts() -> Non
     assert sorted(measured) == sorted(configs * 3)
     assert list(counted) == configs
     assert (counted[configs[0]].throughput, counted[configs[1]].throughput) == (1_900.0, 1_100.0)
+
+
+def test_each_target_is_started_once() -> None:
+    assert len(serving.AISTACK_TARGETS) == len(set(serving.AISTACK_TARGETS))
+    assert len(serving.TARGETS) == len(set(serving.TARGETS))
+    assert set(serving.AISTACK_TARGETS) <= set(serving.TARGETS)
