@@ -54,6 +54,12 @@ UNKNOWN_MODEL_LABEL = "_unknown"
 #: model runs merges with it), not onto the event loop (``Batcher``'s
 #: ``lone_inline``). Under load some request is nearly always in flight.
 BUSY_S = 1.0
+#: A challenger's shadow runs wait for the next gate of this period and go
+#: to its batcher together, so that they merge as the champion's requests
+#: do: one at a time, each a one-row execution, they took the cores the
+#: champion's batches needed (bench.serving's shadow_cost). Nobody waits on
+#: a shadow.
+SHADOW_GATHER_S = 0.05
 #: The response parameter that carries the request id (the client's, or the
 #: one the server assigned): the id the prediction log knows the request by.
 REQUEST_ID_PARAMETER = "request_id"
@@ -89,6 +95,8 @@ class InferenceCore:
         self._shadows_in_flight = 0
         # The shadow runs under way: held so that none is collected mid-run.
         self._shadow_tasks: set[asyncio.Task[None]] = set()
+        # Each challenger's next gate (SHADOW_GATHER_S), by model and version.
+        self._shadow_gates: dict[tuple[str, int], asyncio.Future[None]] = {}
         self.replayed = asyncio.Event()
         self.on_rejected: Rejected = lambda event, error: None
 
@@ -347,7 +355,20 @@ class InferenceCore:
         self._shadow_tasks.add(task)
         task.add_done_callback(self._shadow_tasks.discard)
 
+    def _gate(self, challenger: Served) -> asyncio.Future[None]:
+        """The challenger's next gate: every shadow run that arrives before
+        it opens goes to the batcher with the others."""
+        key = (challenger.name, challenger.version)
+        gate = self._shadow_gates.get(key)
+        if gate is None or gate.done():
+            loop = asyncio.get_running_loop()
+            gate = loop.create_future()
+            loop.call_later(SHADOW_GATHER_S, _open, gate)
+            self._shadow_gates[key] = gate
+        return gate
+
     async def _shadow(self, challenger: Served, shadow: Shadow) -> None:
+        await self._gate(challenger)
         started = time.perf_counter()
         loaded: Loaded = challenger.executor
         runner = loaded.runner
@@ -459,6 +480,11 @@ def _entity_row(
     sig = _row_input(served)
     row = feature_row(window, sig.shape[1], field)
     return {sig.name: row[np.newaxis, :]}
+
+
+def _open(gate: asyncio.Future[None]) -> None:
+    if not gate.done():
+        gate.set_result(None)
 
 
 def _string_parameter(request: pb.ModelInferRequest, name: str) -> str:

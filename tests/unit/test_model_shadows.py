@@ -203,3 +203,30 @@ def test_a_challenger_marked_later_is_loaded_kept_and_run() -> None:
         ("1", roles.PREDICTION_ROLE_CHAMPION),
         ("2", roles.PREDICTION_ROLE_SHADOW),
     ]
+
+
+def test_shadows_that_arrive_together_reach_the_challenger_together() -> None:
+    """They wait for the challenger's next gate and merge in its batcher: no
+    one-row execution per request (bench.serving's shadow_cost)."""
+    log, registry = Log(), CollectorRegistry()
+    calls: list[int] = []
+
+    def challenger_model(inputs: Any) -> dict[str, Any]:
+        calls.append(len(inputs["x"]))
+        return {"y": inputs["x"] * 3}
+
+    async def scenario() -> None:
+        core = core_with({1: times(2), 2: challenger_model}, log, registry)
+        await core.replay([ready(1, 0.1), challenger(2, 0.2)])
+        for value in range(8):
+            await core.infer(request(float(value)))  # one after another, as callers do
+        await settle(core)
+
+    asyncio.run(scenario())
+    assert sum(calls) == 8
+    assert len(calls) <= 2, calls  # the first alone at most, the rest merged
+    shadows = [p for p in log.offered if p.role == roles.PREDICTION_ROLE_SHADOW]
+    assert sorted(p.request_id for p in shadows) == sorted(f"r{float(v)}" for v in range(8))
+    for p in shadows:  # each row back to its own request
+        value = float(p.request_id[1:])
+        np.testing.assert_allclose(p.outputs["y"], [[3 * value] * 3])
