@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shared.bus.consumer import read_to_end
+from shared.bus.consumer import messages_to_end
 from shared.contracts.aistack.v1 import monitoring_pb2
-from shared.errors import UndecodableRecord
 from shared.settings import KafkaSettings
 
 #: A model version: (model name, version).
@@ -32,10 +31,5 @@ def read(
     """The latest live error of every version, as the topic holds them now
     (undecodable records skipped). Raises Unavailable when the topic is not
     read within ``timeout`` seconds."""
-    summaries = []
-    for record in read_to_end(kafka, topic, monitoring_pb2.LivePerformance, timeout):
-        try:
-            summaries.append(record.decode())
-        except UndecodableRecord:
-            continue
+    summaries = messages_to_end(kafka, topic, monitoring_pb2.LivePerformance, timeout)
     return latest(summaries)

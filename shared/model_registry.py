@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import NamedTuple, Protocol
 
-from shared.bus.consumer import BusTail, Record, read_to_end
+from shared.bus.consumer import BusTail, Record, messages_to_end
 from shared.bus.loop import Batch, ConsumeLoop, DeadLetters, Publisher, Source
 from shared.contracts.aistack.v1 import models_pb2
-from shared.errors import InvalidArgument, NotFound, Unavailable, UndecodableRecord
+from shared.errors import InvalidArgument, NotFound, Unavailable
 from shared.log import get_logger
 from shared.objective import BASELINE_VERSION, champion, version_number
 from shared.settings import KafkaSettings, ServingPolicy
@@ -166,12 +166,7 @@ def read(kafka: KafkaSettings, topic: str, timeout: float) -> Registry:
     """The registry as the log holds it now (undecodable records skipped: the
     log's producers dead-letter theirs). Raises Unavailable when the log is
     not read within ``timeout`` seconds."""
-    events = []
-    for record in read_to_end(kafka, topic, models_pb2.ModelReady, timeout):
-        try:
-            events.append(record.decode())
-        except UndecodableRecord:
-            continue
+    events = messages_to_end(kafka, topic, models_pb2.ModelReady, timeout)
     return Registry.of(events)
 
 

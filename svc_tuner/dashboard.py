@@ -4,10 +4,10 @@ each trial's parameters).
 
 The studies are Optuna's journal in Redis (``svc_tuner.storage``), read here
 with the tuner's own connection settings (its password and CA in secure
-mode). The dashboard is a second reader of that journal beside the tuner;
-what it writes (a note, a study deleted by hand) the tuner reads as any
-journal record. ``aistack dashboard`` and ``aistack up --dashboard`` start it
-beside the stack; it also runs alone, configured as the tuner is.
+mode). What a person does in the dashboard (a note, a study deleted) is
+written to that same journal. ``aistack dashboard`` and ``aistack up
+--dashboard`` start it beside the stack; it also runs alone, configured as
+the tuner is.
 """
 
 from __future__ import annotations

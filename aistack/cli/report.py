@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from aistack.settings import TunerClientSettings
+from aistack.cli.study import TunerOption
 
 
 def report(
@@ -23,13 +23,7 @@ def report(
             help="where to write it (default: $AISTACK_STATE_DIR/reports/STUDY_ID.html)",
         ),
     ] = None,
-    tuner: Annotated[
-        str | None,
-        typer.Option(
-            help="svc_tuner's address (AISTACK_TUNER_TARGET, default "
-            f"{TunerClientSettings.model_fields['target'].default})"
-        ),
-    ] = None,
+    tuner: TunerOption = None,
 ) -> int:
     """Write a study's report: one HTML file with Optuna's plots, openable offline."""
     from aistack import report as reports

@@ -26,6 +26,15 @@ if TYPE_CHECKING:
     from aistack.studies import StudyProgress
     from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
 
+#: ``--tuner``: where svc_tuner answers, for every command that asks it.
+TunerOption = Annotated[
+    str | None,
+    typer.Option(
+        help="svc_tuner's address (AISTACK_TUNER_TARGET, default "
+        f"{TunerClientSettings.model_fields['target'].default})"
+    ),
+]
+
 app = typer.Typer(help="Hyperparameter studies on svc_tuner.", no_args_is_help=True)
 
 
@@ -39,13 +48,7 @@ class TunerFlags(NamedTuple):
 @app.callback()
 def flags(
     ctx: typer.Context,
-    tuner: Annotated[
-        str | None,
-        typer.Option(
-            help="svc_tuner's address (AISTACK_TUNER_TARGET, default "
-            f"{TunerClientSettings.model_fields['target'].default})"
-        ),
-    ] = None,
+    tuner: TunerOption = None,
     ca: Annotated[
         str | None, typer.Option(help="CA file: use TLS (AISTACK_TUNER_TLS_CA_FILE)")
     ] = None,

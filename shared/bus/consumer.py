@@ -27,7 +27,7 @@ from confluent_kafka import Message as KafkaMessage
 from shared.bus import envelope
 from shared.bus.codec import MessageT, Rejected, decode, parse
 from shared.bus.lag import ConsumerLag
-from shared.errors import Unavailable
+from shared.errors import Unavailable, UndecodableRecord
 from shared.settings import KafkaSettings
 
 CONSUMER_DEFAULTS: Mapping[str, Any] = {
@@ -359,4 +359,18 @@ def read_to_end(
     return records
 
 
-__all__ = ["BusConsumer", "BusTail", "Record", "read_to_end"]
+def messages_to_end(
+    kafka: KafkaSettings, topic: str, message_cls: type[MessageT], timeout: float
+) -> list[MessageT]:
+    """The messages ``topic`` holds now (``read_to_end``), decoded; a record
+    that does not decode is skipped (its producer dead-letters its own)."""
+    messages = []
+    for record in read_to_end(kafka, topic, message_cls, timeout):
+        try:
+            messages.append(record.decode())
+        except UndecodableRecord:
+            continue
+    return messages
+
+
+__all__ = ["BusConsumer", "BusTail", "Record", "messages_to_end", "read_to_end"]

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,8 +98,8 @@ class MonitorProcess:
         self._log.close()
 
 
-@pytest.fixture
-def settings(infra: Infra, unique: str) -> MonitorSettings:
+def monitor_settings(infra: Infra, unique: str, **overrides: Any) -> MonitorSettings:
+    """svc_monitor's settings on this test's own topics, which exist."""
     settings = MonitorSettings(
         kafka=infra.kafka,
         models_topic=f"models-{unique}",
@@ -109,10 +110,15 @@ def settings(infra: Infra, unique: str) -> MonitorSettings:
         labels_topic=f"labels-{unique}",
         joined_topic=f"joined-{unique}",
         performance_topic=f"performance-{unique}",
-        horizon_windows=HORIZON,
+        **overrides,
     )
     ensure_topics(settings.kafka, settings.topic_specs())
     return settings
+
+
+@pytest.fixture
+def settings(infra: Infra, unique: str) -> MonitorSettings:
+    return monitor_settings(infra, unique, horizon_windows=HORIZON)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ each version's live error from exactly those settlements."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,6 @@ from google.protobuf.message import Message
 
 from shared.bus.consumer import read_to_end
 from shared.bus.producer import BusProducer
-from shared.bus.topics import ensure_topics
 from shared.contracts.aistack.v1 import features_pb2, monitoring_pb2, predictions_pb2
 from shared.contracts.aistack.v1.predictions_pb2 import (
     JOIN_OUTCOME_EXPIRED,
@@ -26,7 +25,8 @@ from shared.contracts.aistack.v1.predictions_pb2 import (
 )
 from svc_monitor.settings import MonitorSettings
 from tests.infra import Infra, wait_until
-from tests.integration.test_monitor import MonitorProcess
+from tests.integration import test_monitor
+from tests.integration.test_monitor import MonitorProcess, monitor_settings
 from tests.unit.test_monitor_join import (
     DIGITS,
     FORECASTER,
@@ -46,31 +46,18 @@ pytestmark = pytest.mark.integration
 Item = predictions_pb2.PredictionLogged | features_pb2.FeatureWindow | predictions_pb2.Label
 
 
+# Monitors a test started, closed after it: test_monitor's fixture.
+launch = test_monitor.launch
+
+
 @pytest.fixture
 def settings(infra: Infra, unique: str) -> MonitorSettings:
-    settings = MonitorSettings(
-        kafka=infra.kafka,
-        models_topic=f"models-{unique}",
-        windows_topic=f"windows-{unique}",
-        drift_topic=f"drift-{unique}",
-        dlq_topic=f"dlq-{unique}",
-        predictions_topic=f"predictions-{unique}",
-        labels_topic=f"labels-{unique}",
-        joined_topic=f"joined-{unique}",
-        performance_topic=f"performance-{unique}",
+    return monitor_settings(
+        infra,
+        unique,
         window_lateness_seconds=LATENESS_US / SECOND_US,
         performance_interval_seconds=0.0,
     )
-    ensure_topics(settings.kafka, settings.topic_specs())
-    return settings
-
-
-@pytest.fixture
-def launch() -> Iterator[list[MonitorProcess]]:
-    started: list[MonitorProcess] = []
-    yield started
-    for process in started:
-        process.close()
 
 
 def window(entity: int, minute: int) -> features_pb2.FeatureWindow:

@@ -10,13 +10,11 @@ from pathlib import Path
 import pytest
 
 from aistack import cli
-from aistack.studies import load_spec
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
-from shared.contracts.aistack.v1 import tuning_pb2
 from tests.infra import Infra
 from tests.integration import test_tuner_service
-from tests.integration.test_tuner_service import SPEC, _run_study
-from tests.integration.tuner_service import AnalyticTrainer, TunerProcess, TunerTopics
+from tests.integration.test_tuner_service import run_pruned_study
+from tests.integration.tuner_service import TunerProcess, TunerTopics
 from tests.reports import figures, headings, points
 
 pytest.importorskip("plotly")
@@ -35,24 +33,9 @@ def test_aistack_report_draws_a_finished_study_with_its_pruned_trials(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    spec = load_spec(
-        SPEC.format(unique=unique, trials=5)
-        + "pruner: {kind: PRUNER_KIND_MEDIAN, startup_trials: 2}\n"
-        "budget: {max_trials: 5, max_parallel: 1}\n"
-        "task: {dataset: analytic, framework: FRAMEWORK_TORCH, epochs: 3}\n"
+    spec, trials = run_pruned_study(
+        infra, topics, tuner, unique, "{kind: PRUNER_KIND_MEDIAN, startup_trials: 2}"
     )
-
-    def objective(request: tuning_pb2.TrialRequested) -> float:
-        # The first three trials are good, the rest a hundred times worse: pruned.
-        return 1.0 if request.trial_number < 3 else 100.0
-
-    trainer = AnalyticTrainer(
-        infra.kafka, topics, group=f"trainers-{unique}", epochs=3, objective=objective
-    ).start()
-    try:
-        trials = _run_study(tuner.target, spec)
-    finally:
-        trainer.stop()
     pruned = {t.number for t in trials if t.state == api.TRIAL_STATE_PRUNED}
     assert pruned == {3, 4}
 

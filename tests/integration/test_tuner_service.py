@@ -197,6 +197,30 @@ def _run_study(target: str, spec: tuning_pb2.StudySpec) -> list[api.Trial]:
     return asyncio.run(scenario())
 
 
+def run_pruned_study(
+    infra: Infra, topics: TunerTopics, tuner: TunerProcess, unique: str, pruner: str
+) -> tuple[tuning_pb2.StudySpec, list[api.Trial]]:
+    """Five trials of three epochs on the analytic trainer under ``pruner``:
+    the first three good, the rest a hundred times worse (pruned); the spec
+    and the trials once the study ended."""
+    spec = load_spec(
+        SPEC.format(unique=unique, trials=5)
+        + f"pruner: {pruner}\nbudget: {{max_trials: 5, max_parallel: 1}}\ntask: "
+        "{dataset: analytic, framework: FRAMEWORK_TORCH, epochs: 3}\n"
+    )
+
+    def objective(request: tuning_pb2.TrialRequested) -> float:
+        return 1.0 if request.trial_number < 3 else 100.0
+
+    trainer = AnalyticTrainer(
+        infra.kafka, topics, group=f"trainers-{unique}", epochs=3, objective=objective
+    ).start()
+    try:
+        return spec, _run_study(tuner.target, spec)
+    finally:
+        trainer.stop()
+
+
 @pytest.mark.parametrize(
     "pruner",
     [
@@ -207,24 +231,7 @@ def _run_study(target: str, spec: tuning_pb2.StudySpec) -> list[api.Trial]:
 def test_clearly_worse_trials_get_prune_messages(
     infra: Infra, topics: TunerTopics, tuner: TunerProcess, unique: str, pruner: str
 ) -> None:
-    spec = load_spec(
-        SPEC.format(unique=unique, trials=5)
-        + f"pruner: {pruner}\nbudget: {{max_trials: 5, max_parallel: 1}}\ntask: "
-        "{dataset: analytic, framework: FRAMEWORK_TORCH, epochs: 3}\n"
-    )
-
-    def objective(request: tuning_pb2.TrialRequested) -> float:
-        # The first three trials are good, the rest a hundred times worse.
-        return 1.0 if request.trial_number < 3 else 100.0
-
-    trainer = AnalyticTrainer(
-        infra.kafka, topics, group=f"trainers-{unique}", epochs=3, objective=objective
-    ).start()
-    try:
-        trials = _run_study(tuner.target, spec)
-    finally:
-        trainer.stop()
-
+    spec, trials = run_pruned_study(infra, topics, tuner, unique, pruner)
     states = {t.number: t.state for t in trials}
     assert states == {
         0: api.TRIAL_STATE_COMPLETED,

@@ -157,7 +157,7 @@ def test_the_framework_code_depends_on_the_plan_alone() -> None:
 
 
 #: What reads a topic: the bus's readers, the loop over one, and Kafka's own consumer.
-READERS = {"BusTail", "BusConsumer", "read_to_end", "ConsumeLoop", "Consumer"}
+READERS = {"BusTail", "BusConsumer", "read_to_end", "messages_to_end", "ConsumeLoop", "Consumer"}
 #: How a reader names the model registry's log: its message, its topic (the
 #: constant, each service's setting, the name itself).
 MODELS_LOG = {"ModelReady", "MODELS_READY", "models_topic", "aistack.models.ready"}
