@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.bus.topics import MODELS_READY, MONITORING_PERFORMANCE, PREDICTIONS
+from shared.bus.topics import MODELS_DECISIONS, MODELS_READY, MONITORING_PERFORMANCE, PREDICTIONS
 from shared.settings import ServiceSettings, ServingSettings
 
 
@@ -72,6 +72,8 @@ class LineageSettings(ServiceSettings):
     models_topic: str = MODELS_READY
     # Each version's live error (svc_monitor's AISTACK_MONITOR_PERFORMANCE_TOPIC).
     performance_topic: str = MONITORING_PERFORMANCE
+    # The champion rule's decisions (svc_monitor's AISTACK_MONITOR_DECISIONS_TOPIC).
+    decisions_topic: str = MODELS_DECISIONS
     # Which version serves (AISTACK_MODEL_POLICY): the one a model named
     # without a version means.
     serving: ServingSettings = Field(default_factory=ServingSettings)

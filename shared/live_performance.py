@@ -1,6 +1,8 @@
-"""The live errors svc_monitor publishes (``aistack.monitoring.performance``,
-``LivePerformance``), read as their readers need them: the latest of each
-model version. The topic keeps every summary, newest last per version."""
+"""What svc_monitor publishes about live traffic, read as its readers need
+it: the latest live error of each model version
+(``aistack.monitoring.performance``, ``LivePerformance``) and the latest
+decision of the champion rule on each model (``aistack.models.decisions``,
+``ChampionDecision``). Both topics keep every event, newest last per model."""
 
 from __future__ import annotations
 
@@ -33,3 +35,15 @@ def read(
     read within ``timeout`` seconds."""
     summaries = messages_to_end(kafka, topic, monitoring_pb2.LivePerformance, timeout)
     return latest(summaries)
+
+
+def last_decisions(
+    kafka: KafkaSettings, topic: str, timeout: float
+) -> dict[str, monitoring_pb2.ChampionDecision]:
+    """The last decision on each model, as the topic holds them now
+    (undecodable records skipped). Raises Unavailable when the topic is not
+    read within ``timeout`` seconds."""
+    found: dict[str, monitoring_pb2.ChampionDecision] = {}
+    for decision in messages_to_end(kafka, topic, monitoring_pb2.ChampionDecision, timeout):
+        found[decision.model_name] = decision
+    return found

@@ -55,14 +55,18 @@ def challengers(
 ) -> list[models_pb2.ModelReady]:
     """The versions to run in the shadow of the one ``policy`` serves, newest
     first, at most ``limit``: each version marked so (``CHALLENGER_LABEL``),
-    and each re-tuned version newer than the serving one (it names a
-    baseline: it lost to it, or its verdict is pending). The serving version
-    is never its own challenger. Every event's version must be valid."""
+    each re-tuned version newer than the serving one (it names a baseline:
+    it lost to it, or its verdict is pending), and the previous champion
+    (what ``policy`` serves of the versions older than the serving one), so
+    that a degraded champion can be rolled back on the same traffic. The
+    serving version is never its own challenger. Every event's version must
+    be valid."""
     ordered = sorted(events, key=lambda e: version_number(e.version), reverse=True)
     chosen = serving(ordered, policy)
     if chosen is None or limit <= 0:
         return []
     serving_number = version_number(chosen.version)
+    previous = serving([e for e in ordered if version_number(e.version) < serving_number], policy)
     picked = []
     for event in ordered:
         number = version_number(event.version)
@@ -70,7 +74,7 @@ def challengers(
             continue
         marked = event.labels.get(CHALLENGER_LABEL) == "true"
         retuned = BASELINE_VERSION in event.labels and number > serving_number
-        if marked or retuned:
+        if marked or retuned or event is previous:
             picked.append(event)
     return picked[:limit]
 

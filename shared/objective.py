@@ -19,6 +19,12 @@ of a study and the model server's champion version of a model.
   it beats it there. Its stale value from older data never decides. Other
   versions compare as above; the champion is found walking versions in
   order, so the outcome still depends only on the set of versions.
+- A decision on live traffic (svc_monitor's ``ChampionDecision``, PROMOTE or
+  ROLLBACK) labels the version it chose (``DECISION_LABEL``,
+  ``DECISION_SEQUENCE_LABEL``, ``DECISION_NEWEST_LABEL``): the version with
+  the highest sequence is the champion, and only a version newer than every
+  version that decision knew of can take its place, by the rules above.
+  Live evidence outranks validation values it has already seen.
 
 The tuner marks a refit in its trial request's ``task.options`` (``REFIT``);
 trainers copy that into the model's labels, where the model server and batch
@@ -43,6 +49,12 @@ BASELINE_VERSION = "baseline_version"
 #: trial number + 1): a re-tune publishes under its model's name after the
 #: versions of the studies before it, never over them.
 VERSION_OFFSET = "model_version_offset"
+#: The labels a decision on live traffic sets on the version it chose: its
+#: id, its sequence among the model's decisions (a positive integer) and the
+#: highest version it knew of.
+DECISION_LABEL = "aistack:decision"
+DECISION_SEQUENCE_LABEL = "aistack:decision_sequence"
+DECISION_NEWEST_LABEL = "aistack:decision_newest"
 
 T = TypeVar("T")
 
@@ -149,12 +161,27 @@ def supersedes(event: models_pb2.ModelReady, current: models_pb2.ModelReady) -> 
     return model_standing(event).beats(model_standing(current))
 
 
+def decision_sequence(event: models_pb2.ModelReady) -> int:
+    """The sequence of the live decision that chose ``event`` (0: none chose it)."""
+    sequence = event.labels.get(DECISION_SEQUENCE_LABEL, "")
+    return int(sequence) if sequence.isdigit() else 0
+
+
 def champion(events: Iterable[models_pb2.ModelReady]) -> models_pb2.ModelReady | None:
     """The champion of one model's versions by the rule above (None for no
     events): what the model server serves under its champion policy, and what
     batch scoring scores when no version is named."""
+    ordered = sorted(events, key=lambda e: version_number(e.version))
+    decided = max(ordered, key=decision_sequence, default=None)
     current: models_pb2.ModelReady | None = None
-    for event in sorted(events, key=lambda e: version_number(e.version)):
+    known = 0
+    if decided is not None and decision_sequence(decided) > 0:
+        current = decided
+        newest = decided.labels.get(DECISION_NEWEST_LABEL, "")
+        known = max(int(newest) if newest.isdigit() else 0, version_number(decided.version))
+    for event in ordered:
+        if version_number(event.version) <= known:
+            continue
         if current is None or supersedes(event, current):
             current = event
     return current

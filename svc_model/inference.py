@@ -136,13 +136,15 @@ class InferenceCore:
         """A model-ready event that arrived after the replay."""
         if not self._acceptable(event):
             return
-        self.repository.know(event)
+        promoted = self.repository.know(event)
         try:
             current = self.repository.resolve(event.model_name, event.version)
         except NotFound:
             current = None
         if current is not None and current.event.sha256 == event.sha256:
-            return  # a redelivery
+            if promoted:
+                self._serving_changed(event.model_name)
+            return  # the same bytes: a redelivery, or a decision's labels
         if self.repository.is_unloaded(event.model_name):
             return  # loads again on RepositoryModelLoad
         await self._load(event)
@@ -181,6 +183,12 @@ class InferenceCore:
             serving=champion.version if champion else None,
             evicted=[s.version for s in change.evicted],
         )
+
+    def _serving_changed(self, name: str) -> None:
+        champion = self.repository.champion(name)
+        if champion is not None:
+            self._metrics.serving_version.labels(name).set(champion.version)
+            log.info("model.promoted", model=name, serving=champion.version)
 
     def _reject(self, event: models_pb2.ModelReady, error: ArtifactRejected) -> None:
         self._metrics.load_failures.labels(event.model_name or "_", error.reason).inc()

@@ -84,14 +84,20 @@ class Repository:
 
     # ---- what the registry feeds in ----
 
-    def know(self, event: models_pb2.ModelReady) -> None:
+    def know(self, event: models_pb2.ModelReady) -> bool:
+        """Take a version's event; returns whether the champion changed (a
+        loaded version's event again with a live decision's labels)."""
         model = self._models.setdefault(event.model_name, _Model())
         number = version_number(event.version)
         model.known[number] = event
+        previous = model.champion
         if number in model.loaded:
-            # The same bytes, newer facts (a challenger's mark): the event serves as is.
+            # The same bytes, newer facts (a challenger's mark, a decision):
+            # the event serves as is, and the rule is asked again.
             model.loaded[number].event = event
+            model.champion = self._champion_of(model)
         self._refresh(model)
+        return model.champion is not previous
 
     def known(self, name: str) -> list[models_pb2.ModelReady]:
         model = self._models.get(name)

@@ -1,15 +1,18 @@
 """The joiner on the bus: logged predictions and their truths in, each
 prediction settled once on the joined topic, each version's live error on
-the performance topic (``svc_monitor.join`` and ``svc_monitor.performance``
-hold the rules).
+the performance topic, the champion rule's decisions on the decisions topic
+(``svc_monitor.join``, ``svc_monitor.performance`` and
+``svc_monitor.champion`` hold the rules).
 
 Exactly once across restarts, the way svc_monitor keeps its drift events:
 nothing is committed, and state is rebuilt from the topics at start.
 
-1. the joined topic is read to its end: every prediction it holds is settled
-   for good (``Joiner.remember``: by join id, and each truth stream's
-   watermark at least the highest published) and counted into the live
-   errors once;
+1. the decisions topic, then the joined topic, are read to their ends:
+   every prediction the joined topic holds is settled for good
+   (``Joiner.remember``: by join id, and each truth stream's watermark at
+   least the highest published), counted into the live errors once, and
+   handed to the champion rule (``svc_monitor.deciding``), which publishes
+   only the decisions the decisions topic lacks;
 2. the predictions, then the labels, then the windows of the last
    ``join_lookback_seconds`` (by record time) are replayed, the watermarks
    held at the highest published (``Joiner.holding``), then released: what
@@ -38,6 +41,7 @@ from shared.errors import NotFound, Unavailable, UndecodableRecord
 from shared.feature_store import FEATURE_LABEL, forecast_statistic, window_spans
 from shared.log import get_logger
 from shared.model_registry import Registry
+from svc_monitor.deciding import Deciding
 from svc_monitor.join import DEFAULT_STATISTIC, Forecast, Joiner, Resolve
 from svc_monitor.metrics import MonitorMetrics
 from svc_monitor.performance import Performance, Version
@@ -78,6 +82,7 @@ class JoinHandler:
         self,
         joiner: Joiner,
         performance: Performance,
+        deciding: Deciding,
         publisher: Publisher,
         settings: MonitorSettings,
         metrics: MonitorMetrics,
@@ -85,6 +90,7 @@ class JoinHandler:
     ) -> None:
         self.joiner = joiner
         self.performance = performance
+        self.deciding = deciding
         self._publisher = publisher
         self._joined_topic = settings.joined_topic
         self._performance_topic = settings.performance_topic
@@ -98,6 +104,7 @@ class JoinHandler:
         """One of the joiner's own earlier settlements, read back."""
         if self.joiner.remember(joined):
             self.performance.add(joined)
+            self.deciding.add(joined)
 
     def predictions(self, batch: Batch[predictions_pb2.PredictionLogged]) -> None:
         self._settle(self.joiner.prediction(message) for message, _ in batch)
@@ -143,6 +150,7 @@ class JoinHandler:
                     self._joined_topic, joined, key=joined.model_name, event_id=joined.join_id
                 )
                 self._changed.add(self.performance.add(joined))
+                self.deciding.add(joined)
                 outcome = predictions_pb2.JoinOutcome.Name(joined.outcome).removeprefix(
                     "JOIN_OUTCOME_"
                 )
@@ -179,6 +187,7 @@ class Joining:
         self.handler = JoinHandler(
             joiner,
             Performance(settings.performance_horizon),
+            Deciding(settings, publisher, models, metrics),
             publisher,
             settings,
             metrics,
@@ -191,6 +200,7 @@ class Joining:
         """Steps 1 and 2; returns how many settlements were read back. Raises
         Unavailable when the topics are not read by ``deadline`` (monotonic)."""
         s = self.settings
+        self.handler.deciding.remember(max(deadline - time.monotonic(), 1.0))
         remembered = self._remember(max(deadline - time.monotonic(), 1.0))
         since_ms = time.time_ns() // 1_000_000 - int(s.join_lookback_seconds * 1000)
         h = self.handler

@@ -21,6 +21,7 @@ class MonitorMetrics:
     settled: Counter
     pending: Gauge
     performance_events: Counter
+    decisions: Counter
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> MonitorMetrics:
@@ -67,6 +68,11 @@ class MonitorMetrics:
                 "monitor_predictions_pending",
                 "Logged predictions waiting for their truth",
                 **common,
+            ),
+            decisions=counter(
+                "champion_decisions",
+                "ChampionDecision events published, by kind",
+                ("model", "kind"),
             ),
             performance_events=counter(
                 "performance_events", "LivePerformance events published", ("model",)

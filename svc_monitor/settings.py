@@ -9,6 +9,7 @@ from shared.bus.topics import (
     EVENTS_DLQ,
     FEATURES_WINDOWS,
     LABELS,
+    MODELS_DECISIONS,
     MODELS_READY,
     MONITORING_DRIFT,
     MONITORING_PERFORMANCE,
@@ -18,6 +19,7 @@ from shared.bus.topics import (
     TopicSpec,
 )
 from shared.settings import ServiceSettings, ServingSettings
+from svc_monitor.champion import Rule
 from svc_monitor.drift import Thresholds
 
 
@@ -61,6 +63,16 @@ class MonitorSettings(ServiceSettings):
     # published at most once per interval per version.
     performance_horizon: int = Field(default=1000, ge=1, le=10_000_000)
     performance_interval_seconds: float = Field(default=10.0, ge=0, le=86400)
+    # The champion rule on live traffic (svc_monitor.champion): a challenger
+    # is judged against the champion at every multiple of this many requests
+    # both served, by a one-sided paired test at champion_alpha; a champion's
+    # live error past its validation value by degraded_margin (a share of it)
+    # is degraded. Decisions go to decisions_topic; a promotion or rollback
+    # also republishes the chosen version on models_topic.
+    decisions_topic: str = MODELS_DECISIONS
+    champion_min_pairs: int = Field(default=200, ge=2, le=10_000_000)
+    champion_alpha: float = Field(default=0.01, gt=0, lt=1)
+    degraded_margin: float = Field(default=0.5, ge=0, le=1000)
     # How long start-up may take to read the models and drift topics.
     replay_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
     metrics_port: int = Field(default=9107, ge=0, le=65535)
@@ -83,6 +95,13 @@ class MonitorSettings(ServiceSettings):
             min_windows=self.min_windows,
         )
 
+    def rule(self) -> Rule:
+        return Rule(
+            min_pairs=self.champion_min_pairs,
+            alpha=self.champion_alpha,
+            margin=self.degraded_margin,
+        )
+
     def topic_specs(self) -> list[TopicSpec]:
         return [
             TOPICS_BY_NAME[MODELS_READY].named(self.models_topic),
@@ -92,5 +111,6 @@ class MonitorSettings(ServiceSettings):
             TOPICS_BY_NAME[LABELS].named(self.labels_topic),
             TOPICS_BY_NAME[PREDICTIONS_JOINED].named(self.joined_topic),
             TOPICS_BY_NAME[MONITORING_PERFORMANCE].named(self.performance_topic),
+            TOPICS_BY_NAME[MODELS_DECISIONS].named(self.decisions_topic),
             TOPICS_BY_NAME[EVENTS_DLQ].named(self.dlq_topic),
         ]

@@ -162,10 +162,14 @@ def _list(settings: ClientSettings, name: str | None) -> int:
         live = live_performance.read(
             lineage.kafka, lineage.performance_topic, lineage.timeout_seconds
         )
+        decided = live_performance.last_decisions(
+            lineage.kafka, lineage.decisions_topic, lineage.timeout_seconds
+        )
     except Unavailable as exc:  # no monitor has published yet: the registry alone
         print(f"no live errors: {exc}", file=sys.stderr)
-        live = {}
-    rows = version_rows(registry, [name] if name else registry.names(), lineage.serving, live)
+        live, decided = {}, {}
+    names = [name] if name else registry.names()
+    rows = version_rows(registry, names, lineage.serving, live)
     terminal.table(
         "models",
         ("model", "version", "role", "objective", "live error", "from"),
@@ -175,7 +179,26 @@ def _list(settings: ClientSettings, name: str | None) -> int:
             for model, version, role, value, error, origin in rows
         ],
     )
+    for line in decision_lines(names, decided):
+        print(line)
     return 0
+
+
+def decision_lines(
+    names: list[str], decided: Mapping[str, monitoring_pb2.ChampionDecision]
+) -> list[str]:
+    """Each model's last decision on live traffic and why, one line each."""
+    lines = []
+    for model in names:
+        decision = decided.get(model)
+        if decision is None:
+            continue
+        kind = monitoring_pb2.DecisionKind.Name(decision.kind).removeprefix("DECISION_KIND_")
+        lines.append(
+            f"{model}: last decision {kind.lower()} (serving {decision.chosen_version}, "
+            f"{decision.decided_time.ToJsonString()}): {decision.reason}"
+        )
+    return lines
 
 
 def version_rows(

@@ -44,6 +44,7 @@ MONITORING_DRIFT = "aistack.monitoring.drift"
 LABELS = "aistack.labels"
 PREDICTIONS_JOINED = "aistack.predictions.joined"
 MONITORING_PERFORMANCE = "aistack.monitoring.performance"
+MODELS_DECISIONS = "aistack.models.decisions"
 
 # Raw records over svc_ingest's payload limit must still reach it, to become
 # dead letters with a reason rather than producer errors nobody sees; their
@@ -97,6 +98,8 @@ TOPICS: tuple[TopicSpec, ...] = (
     # (it reads them back at start), and each version's live error.
     TopicSpec(PREDICTIONS_JOINED, predictions_pb2.PredictionJoined),
     TopicSpec(MONITORING_PERFORMANCE, monitoring_pb2.LivePerformance),
+    # The champion rule's judgements on live traffic (svc_monitor.champion).
+    TopicSpec(MODELS_DECISIONS, monitoring_pb2.ChampionDecision),
 )
 TOPICS_BY_NAME: Mapping[str, TopicSpec] = {spec.name: spec for spec in TOPICS}
 

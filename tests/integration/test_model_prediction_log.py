@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from shared.bus import envelope
-from shared.bus.consumer import BusConsumer, Record
+from shared.bus.consumer import BusConsumer, Record, read_to_end
 from shared.bus.topics import ensure_topics
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
 from shared.contracts.aistack.v1.predictions_pb2 import PredictionLogged
@@ -26,6 +26,7 @@ from shared.settings import KafkaSettings
 from svc_model.inference import REQUEST_ID_PARAMETER
 from tests.infra import Infra
 from tests.integration import model_support as ms
+from tests.model_events import decided
 
 pytestmark = pytest.mark.integration
 
@@ -263,12 +264,29 @@ def test_a_challenger_runs_in_the_champions_shadow_and_the_caller_never_sees_it(
             named = pb.ModelInferRequest(model_name=MODEL, model_version="1", id="named-1")
             named.parameters["entity_id"].string_param = "sensor-9"
             direct = stub.ModelInfer(named)
-        ms.wait_for(
-            lambda: server.metric("aistack_model_shadow_runs_total", model=MODEL, outcome="ok")
-            == 4,
-            30,
-            "the four shadow runs",
-        )
+            ms.wait_for(
+                lambda: server.metric("aistack_model_shadow_runs_total", model=MODEL, outcome="ok")
+                == 4,
+                30,
+                "the four shadow runs",
+            )
+            # The monitor's decision on live traffic: the challenger's event
+            # again, labelled. The same bytes serve at once, nothing reloads,
+            # and the version it displaced runs in its shadow.
+            ms.publish(infra, settings.models_topic, decided(challenger, 1, newest=2))
+            ms.wait_for(
+                lambda stub=stub: stub.ModelInfer(by_entity("sensor-9", "after")).model_version
+                == "2",
+                30,
+                "the decision's version to serve",
+            )
+            ms.wait_for(
+                lambda: server.metric("aistack_model_shadow_runs_total", model=MODEL, outcome="ok")
+                > 4,
+                30,
+                "the displaced champion's shadow runs",
+            )
+            assert server.metric("aistack_model_loads_total", model=MODEL) == 2
     finally:
         server.stop()
     # What the caller got: the champion's answer, as a request naming it gets it.
@@ -276,7 +294,8 @@ def test_a_challenger_runs_in_the_champions_shadow_and_the_caller_never_sees_it(
     champion_values = list(direct.outputs[0].contents.fp32_contents)
     assert all(list(r.outputs[0].contents.fp32_contents) == champion_values for r in served)
 
-    records = [r.decode() for r in read_log(infra, settings.prediction_log_topic, 8, f"s-{unique}")]
+    logged = read_to_end(infra.kafka, settings.prediction_log_topic, PredictionLogged, 30)
+    records = [p for p in (r.decode() for r in logged) if p.request_id.startswith("shadowed-")]
     roles = sorted((p.request_id, p.model_version, p.role) for p in records)
     assert roles == sorted(
         [(f"shadowed-{i}", "1", PREDICTION_ROLE_CHAMPION) for i in range(4)]

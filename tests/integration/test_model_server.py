@@ -175,8 +175,13 @@ def test_versions_swap_under_load_without_a_failed_request(
     assert failures == []
     assert set().union(*versions_seen) <= {"1", "2", "4"}  # never the worse v3
     assert "4" in set().union(*versions_seen)
-    # Keep 2 newest (3, 4) and the champion (4): 1 and 2 are evicted.
-    assert server.on_loop(lambda: server.server.core.repository.loaded_versions("swap")) == [3, 4]
+    # Keep 2 newest (3, 4), the champion (4) and the champion it displaced
+    # (2, its challenger, AISTACK_MODEL_CHALLENGERS=1): 1 is evicted.
+    assert server.on_loop(lambda: server.server.core.repository.loaded_versions("swap")) == [
+        2,
+        3,
+        4,
+    ]
     for stub in ms.stub(server.address):
         # An explicit version is honoured, even one that is not the champion.
         assert stub.ModelInfer(ms.infer_request("swap", x, version="3")).model_version == "3"
@@ -285,8 +290,10 @@ def test_a_restarted_server_rebuilds_its_repository_from_the_topic(
     second = serve(keep_versions=1)  # type: ignore[operator]
     after = second.on_loop(lambda: second.server.core.index(ready_only=True))
     assert after == before
-    # The champion (v2, lowest error) and the newest (v4) are what is loaded.
+    # The champion (v2, lowest error), the newest (v4) and the champion v2
+    # displaced (v1, its challenger) are what is loaded.
     assert {(e.name, e.version) for e in after} == {
+        ("restart", "1"),
         ("restart", "2"),
         ("restart", "4"),
         ("other", "1"),

@@ -56,6 +56,10 @@ class MonitorProcess:
             "AISTACK_MONITOR_LABELS_TOPIC": settings.labels_topic,
             "AISTACK_MONITOR_JOINED_TOPIC": settings.joined_topic,
             "AISTACK_MONITOR_PERFORMANCE_TOPIC": settings.performance_topic,
+            "AISTACK_MONITOR_DECISIONS_TOPIC": settings.decisions_topic,
+            "AISTACK_MONITOR_CHAMPION_MIN_PAIRS": str(settings.champion_min_pairs),
+            "AISTACK_MONITOR_CHAMPION_ALPHA": str(settings.champion_alpha),
+            "AISTACK_MONITOR_DEGRADED_MARGIN": str(settings.degraded_margin),
             "AISTACK_MONITOR_WINDOW_LATENESS_SECONDS": str(settings.window_lateness_seconds),
             "AISTACK_MONITOR_PERFORMANCE_INTERVAL_SECONDS": str(
                 settings.performance_interval_seconds
@@ -110,6 +114,7 @@ def monitor_settings(infra: Infra, unique: str, **overrides: Any) -> MonitorSett
         labels_topic=f"labels-{unique}",
         joined_topic=f"joined-{unique}",
         performance_topic=f"performance-{unique}",
+        decisions_topic=f"decisions-{unique}",
         **overrides,
     )
     ensure_topics(settings.kafka, settings.topic_specs())

@@ -161,3 +161,19 @@ def test_the_latest_live_error_of_each_version_wins() -> None:
 
     found = live_performance.latest([summary("1", 5), summary("2", 3), summary("1", 9)])
     assert {key: s.pairs for key, s in found.items()} == {("m", "1"): 9, ("m", "2"): 3}
+
+
+def test_models_list_ends_with_each_models_last_decision_and_why() -> None:
+    from aistack.cli.models import decision_lines
+
+    decision = monitoring_pb2.ChampionDecision(
+        model_name="m",
+        kind=monitoring_pb2.DECISION_KIND_PROMOTE,
+        chosen_version="3",
+        reason="the challenger beat the champion on 200 requests both served: 0.1 against 0.3",
+    )
+    decision.decided_time.FromSeconds(1_800_000_000)
+    assert decision_lines(["m", "other"], {"m": decision}) == [
+        "m: last decision promote (serving 3, 2027-01-15T08:00:00Z): the challenger beat the "
+        "champion on 200 requests both served: 0.1 against 0.3"
+    ]

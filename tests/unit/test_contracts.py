@@ -44,6 +44,7 @@ EXTRA_TOPICS = {
     "aistack.labels",
     "aistack.predictions.joined",
     "aistack.monitoring.performance",
+    "aistack.models.decisions",
 }
 AISTACK_FILES = [
     common_pb2,

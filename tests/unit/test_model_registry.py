@@ -217,7 +217,7 @@ def marked(version: int, value: float) -> models_pb2.ModelReady:
     return event
 
 
-def test_the_challengers_are_the_newest_marked_or_retuned_versions_not_the_serving_one() -> None:
+def test_the_challengers_are_the_newest_marked_or_retuned_and_the_previous_champion() -> None:
     serving_one = ready(2, 0.10)
     lost = retuned(4, 0.30, baseline=2, baseline_value=0.20)  # worse than 2 on its own data
     older_lost = retuned(3, 0.30, baseline=2, baseline_value=0.20)
@@ -225,16 +225,20 @@ def test_the_challengers_are_the_newest_marked_or_retuned_versions_not_the_servi
     registry = model_registry.Registry.of(events)
     assert registry.serving("m", "champion").version == "2"
     picked = registry.challengers("m", "champion", 8)
-    assert [e.version for e in picked] == ["6", "4", "3"]  # newest first; 5 is neither
+    # Newest first; 5 is none of them; 1 is the previous champion.
+    assert [e.version for e in picked] == ["6", "4", "3", "1"]
     assert [e.version for e in registry.challengers("m", "champion", 1)] == ["6"]
     assert registry.challengers("m", "champion", 0) == []
     # Marked, the serving version is still not its own challenger; a re-tune
-    # that lost to it is one; under "latest" the re-tune serves and an older
-    # re-tune is none.
+    # that lost to it is one; under "latest" the re-tune serves and the
+    # version before it shadows.
     pair = [marked(1, 0.1), retuned(2, 0.3, 1, 0.2)]
     assert [e.version for e in model_registry.challengers(pair, "champion", 8)] == ["2"]
     assert [e.version for e in model_registry.challengers(pair, "latest", 8)] == ["1"]
-    older = [retuned(1, 0.3, 1, 0.2), ready(2, 0.1)]
-    assert model_registry.challengers(older, "champion", 8) == []
+    # The version a champion displaced shadows it, whether it lost by
+    # validation values or on live traffic; an older one displaced before is none.
+    displaced = [ready(1, 0.5), ready(2, 0.3), ready(3, 0.1)]
+    assert [e.version for e in model_registry.challengers(displaced, "champion", 8)] == ["2"]
+    assert [e.version for e in model_registry.challengers([ready(1, 0.1)], "champion", 8)] == []
     assert model_registry.challengers([], "champion", 1) == []
     assert registry.challengers("nothing", "champion", 1) == []

@@ -7,7 +7,7 @@ import pytest
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import InvalidArgument, NotFound
 from svc_model.repository import Repository, Served, wanted
-from tests.model_events import ready, retuned
+from tests.model_events import decided, ready, retuned
 
 challenger = retuned
 
@@ -135,3 +135,18 @@ def test_the_rules_pick_serves_once_loaded_and_a_failed_one_never() -> None:
     repository.failed("m", "2", "no such file")
     assert repository.install(served(ready(4, 0.25))).promoted
     assert repository.champion("m").version == 3  # type: ignore[union-attr]
+
+
+def test_a_loaded_versions_event_with_a_live_decision_makes_it_the_champion_at_once() -> None:
+    """A decision on live traffic republishes the chosen version: the same
+    bytes, so nothing loads, but the rule is asked again and the champion
+    changes; the version it displaced becomes its challenger."""
+    repository = Repository("champion", keep_versions=1, challengers=1)
+    repository.install(served(ready(1, 0.1)))
+    repository.install(served(challenger(2, 0.3, baseline=1, baseline_value=0.2)))
+    assert repository.resolve("m").version == 1
+    assert [s.version for s in repository.challengers("m")] == [2]
+    assert not repository.know(ready(1, 0.1))  # a redelivery changes nothing
+    assert repository.know(decided(repository.resolve("m", "2").event, 1, newest=2))
+    assert repository.resolve("m").version == 2
+    assert [s.version for s in repository.challengers("m")] == [1]

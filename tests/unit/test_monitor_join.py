@@ -28,6 +28,7 @@ from shared.contracts.aistack.v1.predictions_pb2 import (
     PredictionJoined,
 )
 from shared.feature_store import FEATURE_LABEL, forecast_label
+from svc_monitor.deciding import Deciding
 from svc_monitor.join import CLASS_ERROR, MAE, Forecast, Joiner, join_id
 from svc_monitor.joining import JoinHandler, forecasts
 from svc_monitor.metrics import MonitorMetrics
@@ -418,7 +419,13 @@ class JoinBus:
         )
         self.dead_letters = DeadLetters(self.publisher, topic="dlq", service="test")
         self.handler = JoinHandler(
-            joiner(), Performance(10), self.publisher, self.settings, metrics, lambda: self.now_us
+            joiner(),
+            Performance(10),
+            Deciding(self.settings, self.publisher, model_registry.Registry(), metrics),
+            self.publisher,
+            self.settings,
+            metrics,
+            lambda: self.now_us,
         )
         self.offsets = itertools.count()
 

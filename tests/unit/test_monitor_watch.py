@@ -26,6 +26,7 @@ from shared.distribution import training_distribution
 from shared.errors import ConfigError
 from shared.model_registry import Follower
 from shared.settings import ServingPolicy, load_settings
+from svc_monitor.champion import Rule
 from svc_monitor.drift import Thresholds
 from svc_monitor.handlers import ModelsHandler, WindowsHandler
 from svc_monitor.horizon import Horizons, Position
@@ -462,8 +463,10 @@ def test_settings_defaults_and_a_horizon_smaller_than_min_windows(
         "aistack.labels",
         "aistack.predictions.joined",
         "aistack.monitoring.performance",
+        "aistack.models.decisions",
         "aistack.events.dlq",
     ]
+    assert settings.rule() == Rule(min_pairs=200, alpha=0.01, margin=0.5)
     monkeypatch.setenv("AISTACK_MONITOR_HORIZON_WINDOWS", "10")
     with pytest.raises(ConfigError, match="AISTACK_MONITOR_MIN_WINDOWS"):
         load_settings(MonitorSettings)

@@ -10,6 +10,7 @@ import pytest
 from shared.contracts.aistack.v1 import common_pb2, models_pb2
 from shared.objective import (
     BASELINE_VERSION,
+    DECISION_SEQUENCE_LABEL,
     Standing,
     baseline_metric,
     baseline_standing,
@@ -19,6 +20,7 @@ from shared.objective import (
     is_refit,
     top,
 )
+from tests.model_events import decided
 
 MIN, MAX = common_pb2.DIRECTION_MINIMIZE, common_pb2.DIRECTION_MAXIMIZE
 
@@ -97,6 +99,31 @@ def test_a_challengers_siblings_compare_by_value_once_one_took_over() -> None:
     third = _version(4, 1.1, baseline=(1, 3.0))
     assert champion([*old, first, second, third]) == second
     assert champion([*old, _version(2, 3.5, baseline=(1, 3.0)), third]) == third
+
+
+def test_a_decision_on_live_traffic_outranks_the_validation_values_it_knew_of() -> None:
+    old = [_version(1, 0.9), _version(2, 0.5)]
+    challenger = _version(3, 3.4, baseline=(2, 3.0))  # lost on validation
+    assert champion([*old, challenger]) == old[1]
+    promoted = decided(challenger, 1, newest=3)
+    assert champion([*old, promoted]) == promoted
+    # A later decision (a rollback to 2) wins over an earlier one, in any order.
+    rolled_back = decided(old[1], 2, newest=3)
+    assert champion([promoted, old[0], rolled_back]) == rolled_back
+    # A version newer than all the decision knew of is judged against the
+    # chosen one by the validation rules: a re-tune that beats it on its own
+    # data serves, one that does not does not.
+    better = _version(4, 1.0, baseline=(3, 2.0))
+    worse = _version(4, 2.5, baseline=(3, 2.0))
+    assert champion([*old, promoted, better]) == better
+    assert champion([*old, promoted, worse]) == promoted
+    # A version the decision knew of (4 < newest 5) cannot take its place.
+    knew = decided(challenger, 1, newest=5)
+    assert champion([*old, knew, better]) == knew
+    # A malformed sequence is no decision.
+    malformed = decided(challenger, 1, newest=3)
+    malformed.labels[DECISION_SEQUENCE_LABEL] = "first"
+    assert champion([*old, malformed]) == old[1]
 
 
 def test_a_baseline_naming_no_champion_or_lacking_its_value_is_plain_comparison() -> None:
