@@ -4,7 +4,9 @@ serving version was trained on and says so on aistack.monitoring.drift;
 svc_tuner starts a warm-started re-tune on the fresh windows, each trial
 measuring the serving version on its own validation split; the champion rule
 (shared.objective) decides whether the best new version serves, and the
-model server follows it.
+model server follows it. Under the live policy the demo runs
+(``demo.live.DEMO_SETTINGS``) the winner first runs in the serving version's
+shadow, and svc_monitor's rule on live traffic promotes it (``demo.live``).
 
 A client's view only: Kafka topics, the tuner's gRPC API and the Open
 Inference Protocol.
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from compose.stack import ServiceStack
 from demo.console import Console, ServiceDied, Summary
+from demo.live import LiveStep
 from demo.report import DRIFT, RETUNE, DemoReport, drift_section
 from demo.report import retune as report_retune
 from demo.serving import FORECAST_FEATURE, an_entity
@@ -172,9 +175,18 @@ class LoopStep:
         for line in self._warm_start(retune_id, forecast.study_id):
             self.console.line(f"  {line}")
         verdict = "promoted" if retune.promoted else "not promoted"
-        self.console.line(f"  {verdict}: {retune.reason}")
-        expected = result.best_model_version if retune.promoted else retune.serving_version
-        served = self._served_version(retune.model_name or drift.model_name, expected)
+        self.console.line(f"  {'shadowed' if retune.shadowed else verdict}: {retune.reason}")
+        name = retune.model_name or drift.model_name
+        promoted = retune.promoted
+        if retune.shadowed:
+            live = LiveStep(self.stack, self.console, self.summary, self.kafka, self.wait)
+            decision = live.run(name, retune.serving_version, result.best_model_version)
+            promoted = decision is not None and decision.chosen_version == (
+                result.best_model_version
+            )
+            verdict = "promoted on live traffic" if promoted else "not promoted on live traffic"
+        expected = result.best_model_version if promoted else retune.serving_version
+        served = self._served_version(name, expected)
         self.console.line(f"  the model server now serves version {served}")
         replayed = self.tuner(lambda s: s.ReplayStudy(api.ReplayStudyRequest(study_id=retune_id)))
         same = sum(t.matches for t in replayed.trials)
@@ -190,7 +202,7 @@ class LoopStep:
         self.summary.add(
             f"{metric} before → after (fresh windows)",
             f"{serving:.3f} (v{retune.serving_version}) → "
-            f"{best if retune.promoted else serving:.3f} (v{served}, {verdict})",
+            f"{best if promoted else serving:.3f} (v{served}, {verdict})",
         )
 
     def _warm_start(self, retune_id: str, previous_id: str) -> list[str]:

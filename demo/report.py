@@ -154,7 +154,9 @@ def statistics(windows: Sequence[Any], names: Sequence[str]) -> dict[str, list[f
 def retune(
     study_id: str, metric: str, result: Any, serving: float, best: float, served: str
 ) -> report.Retune:
-    """A re-tune's before and after from its ``StudyResult``."""
+    """A re-tune's before and after from its ``StudyResult``: promoted when
+    the version it made is the one ``served`` (by validation, or under the
+    live policy by a decision on live traffic)."""
     outcome = result.retune
     return report.Retune(
         study_id=study_id,
@@ -163,7 +165,7 @@ def retune(
         serving_value=serving,
         best_version=result.best_model_version,
         best_value=best,
-        promoted=outcome.promoted,
+        promoted=served == result.best_model_version,
         reason=outcome.reason,
         served_version=served,
     )

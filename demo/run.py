@@ -20,6 +20,7 @@ would: Kafka, the tuner's gRPC API, the Open Inference Protocol and Redis.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from compose.settings import StackSettings, apply_infra_flags
 from compose.stack import ServiceStack, ServiceStatus
 from demo.console import Console, ServiceDied, Summary
 from demo.events import EventsStep
+from demo.live import DEMO_SETTINGS
 from demo.loop import LoopStep
 from demo.report import LINEAGE, DemoReport, kfold_section
 from demo.serving import ServingStep
@@ -56,6 +58,9 @@ class DemoOptions:
 
 def run(args: DemoOptions) -> int:
     apply_infra_flags(None, args.secure)
+    for name, value in DEMO_SETTINGS.items():
+        # The services inherit them; the user's own values win.
+        os.environ.setdefault(name, value)
     stack = ServiceStack(load_settings(StackSettings))
     console = Console(sys.stdout)
     demo = Demo(stack, console, args)
@@ -148,6 +153,8 @@ class Demo:
         def ready(status: ServiceStatus) -> None:
             self.console.line(f"  ready: {status.name:<14} {' '.join(status.addresses)}")
 
+        settings = " ".join(f"{name}={os.environ.get(name, '')}" for name in DEMO_SETTINGS)
+        self.console.line(f"  with {settings}")
         statuses = self.stack.up(progress=ready)
         for status in statuses:
             pid = status.pid if status.pid is not None else "-"

@@ -27,7 +27,7 @@ from shared.bus.loop import Batch, ConsumeLoop, DeadLetters, Publisher, Source
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import InvalidArgument, NotFound, Unavailable
 from shared.log import get_logger
-from shared.objective import BASELINE_VERSION, champion, version_number
+from shared.objective import BASELINE_VERSION, champion, model_standing, top, version_number
 from shared.settings import KafkaSettings, ServingPolicy
 
 log = get_logger("shared.model_registry")
@@ -38,11 +38,12 @@ def serving(
 ) -> models_pb2.ModelReady | None:
     """The version ``policy`` serves of one model's versions (None for none):
     the newest, or the champion over all of them (a re-tune's version judged
-    against a version that arrives after it is judged again). Every event's
+    against a version that arrives after it is judged again; under ``live``
+    a re-tune's version only by a decision on live traffic). Every event's
     version must be valid (``invalid``)."""
     if policy == "latest":
         return max(events, key=lambda e: version_number(e.version), default=None)
-    return champion(events)
+    return champion(events, retunes_by_validation=policy != "live")
 
 
 #: A version's label that asks for it to be run in the serving version's
@@ -55,8 +56,9 @@ def challengers(
 ) -> list[models_pb2.ModelReady]:
     """The versions to run in the shadow of the one ``policy`` serves, newest
     first, at most ``limit``: each version marked so (``CHALLENGER_LABEL``),
-    each re-tuned version newer than the serving one (it names a baseline:
-    it lost to it, or its verdict is pending), and the previous champion
+    the best version of each re-tune newer than the serving one (it names a
+    baseline: it lost to it, its verdict is pending, or under ``live`` it
+    waits for live traffic), and the previous champion
     (what ``policy`` serves of the versions older than the serving one), so
     that a degraded champion can be rolled back on the same traffic. The
     serving version is never its own challenger. Every event's version must
@@ -67,14 +69,18 @@ def challengers(
         return []
     serving_number = version_number(chosen.version)
     previous = serving([e for e in ordered if version_number(e.version) < serving_number], policy)
+    retuned: dict[str, list[models_pb2.ModelReady]] = {}
+    for event in ordered:
+        if BASELINE_VERSION in event.labels and version_number(event.version) > serving_number:
+            retuned.setdefault(event.lineage.study_id, []).append(event)
+    # A re-tune's trials each publish a version: its best (by the objective) challenges.
+    bests = [top(study, model_standing) for study in retuned.values()]
     picked = []
     for event in ordered:
-        number = version_number(event.version)
-        if number == serving_number:
+        if version_number(event.version) == serving_number:
             continue
         marked = event.labels.get(CHALLENGER_LABEL) == "true"
-        retuned = BASELINE_VERSION in event.labels and number > serving_number
-        if marked or retuned or event is previous:
+        if marked or event is previous or any(event is best for best in bests):
             picked.append(event)
     return picked[:limit]
 

@@ -25,6 +25,9 @@ of a study and the model server's champion version of a model.
   the highest sequence is the champion, and only a version newer than every
   version that decision knew of can take its place, by the rules above.
   Live evidence outranks validation values it has already seen.
+- Under the ``live`` serving policy a version trained against a baseline
+  never takes over by validation values (``retunes_by_validation``): it runs
+  in the champion's shadow until a decision on live traffic promotes it.
 
 The tuner marks a refit in its trial request's ``task.options`` (``REFIT``);
 trainers copy that into the model's labels, where the model server and batch
@@ -167,10 +170,15 @@ def decision_sequence(event: models_pb2.ModelReady) -> int:
     return int(sequence) if sequence.isdigit() else 0
 
 
-def champion(events: Iterable[models_pb2.ModelReady]) -> models_pb2.ModelReady | None:
+def champion(
+    events: Iterable[models_pb2.ModelReady], *, retunes_by_validation: bool = True
+) -> models_pb2.ModelReady | None:
     """The champion of one model's versions by the rule above (None for no
     events): what the model server serves under its champion policy, and what
-    batch scoring scores when no version is named."""
+    batch scoring scores when no version is named. Without
+    ``retunes_by_validation`` (the ``live`` policy) a version trained against
+    a baseline never takes over by its values: only a decision on live
+    traffic makes it the champion."""
     ordered = sorted(events, key=lambda e: version_number(e.version))
     decided = max(ordered, key=decision_sequence, default=None)
     current: models_pb2.ModelReady | None = None
@@ -181,6 +189,8 @@ def champion(events: Iterable[models_pb2.ModelReady]) -> models_pb2.ModelReady |
         known = max(int(newest) if newest.isdigit() else 0, version_number(decided.version))
     for event in ordered:
         if version_number(event.version) <= known:
+            continue
+        if current is not None and not retunes_by_validation and BASELINE_VERSION in event.labels:
             continue
         if current is None or supersedes(event, current):
             current = event

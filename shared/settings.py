@@ -227,10 +227,13 @@ def _jaas_quote(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
-#: Which version of a model serves: "champion", a new version only when its
-#: objective beats the serving one's (``shared.objective.champion``);
-#: "latest", the newest version always (``shared.model_registry.serving``).
-ServingPolicy = Literal["champion", "latest"]
+#: Which version of a model serves (``shared.model_registry.serving``):
+#: "champion", by ``shared.objective.champion`` (validation values, then
+#: svc_monitor's decisions on live traffic); "live", the same except that a
+#: re-tuned version never takes over by validation values: it runs in the
+#: champion's shadow until a decision on live traffic promotes it; "latest",
+#: the newest version always.
+ServingPolicy = Literal["champion", "live", "latest"]
 
 
 class ServingSettings(BaseSettings):

@@ -41,7 +41,9 @@ class TunerApp:
     ) -> TunerApp:
         """Raises ConfigError (a bad address, TLS files), Unavailable (no broker)."""
         ensure_topics(settings.kafka, settings.topic_specs())
-        engine = Engine(redis_storage(settings.redis, settings.storage_prefix))
+        engine = Engine(
+            redis_storage(settings.redis, settings.storage_prefix), policy=settings.serving.policy
+        )
         producer = BusProducer(settings.kafka, source=SERVICE)
         tuner = Tuner(settings, engine, producer, TunerMetrics.create(registry))
         server = await start_server(settings.server_options(), register(tuner), [SERVICE_NAME])

@@ -34,6 +34,7 @@ from shared.contracts.aistack.v1 import monitoring_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.errors import AlreadyExists, FailedPrecondition, NotFound
 from shared.log import get_logger
+from shared.settings import ServingPolicy
 from svc_tuner import replay as replays
 from svc_tuner import retune as retunes
 from svc_tuner import spec as specs
@@ -94,9 +95,13 @@ class RetuneDecision:
 
 
 class Engine:
-    def __init__(self, storage: BaseStorage, *, clock: Any = time.time) -> None:
+    def __init__(
+        self, storage: BaseStorage, *, clock: Any = time.time, policy: ServingPolicy = "champion"
+    ) -> None:
         self._storage = storage
         self._clock = clock
+        # The model server's AISTACK_MODEL_POLICY: what a re-tune's winner does.
+        self._policy = policy
         self._studies: dict[str, optuna.Study] = {}
         self._specs: dict[str, tuning_pb2.StudySpec] = {}
 
@@ -449,7 +454,7 @@ class Engine:
                 result.refit_model_version = model.model_version
         origin = retunes.Origin.load(study.user_attrs.get(retunes.ORIGIN_ATTR))
         if origin is not None:
-            result.retune.CopyFrom(retunes.outcome(origin, spec, best))
+            result.retune.CopyFrom(retunes.outcome(origin, spec, best, self._policy))
         return result
 
     def mark_announced(self, study_id: str) -> None:

@@ -28,6 +28,7 @@ from optuna.trial import TrialState as OptunaState
 from shared import objective
 from shared.contracts.aistack.v1 import monitoring_pb2, tuning_pb2
 from shared.feature_store import WINDOW_FROM, WINDOW_TO
+from shared.settings import ServingPolicy
 from svc_tuner import spec as specs
 from svc_tuner.record import Result, is_refit
 
@@ -143,10 +144,15 @@ def best_params(trials: Iterable[FrozenTrial], direction: int, count: int) -> li
 
 
 def outcome(
-    origin: Origin, spec: tuning_pb2.StudySpec, best: FrozenTrial | None
+    origin: Origin,
+    spec: tuning_pb2.StudySpec,
+    best: FrozenTrial | None,
+    policy: ServingPolicy = "champion",
 ) -> tuning_pb2.RetuneOutcome:
     """What the re-tune decided: whether its best trial's model beats the
-    serving version on the best trial's validation data, and why."""
+    serving version on the best trial's validation data, and why. Under the
+    ``live`` policy a winner is not promoted but shadowed: it serves once a
+    decision on live traffic promotes it."""
     decided = tuning_pb2.RetuneOutcome(
         drift_id=origin.drift_id,
         previous_study_id=origin.previous_study,
@@ -176,5 +182,11 @@ def outcome(
         decided.reason = (
             f"{metric} {value:.4g} does not beat {serving}'s {baseline:.4g} "
             f"on the same validation windows, version {origin.serving_version} keeps serving"
+        )
+    if decided.promoted and policy == "live":
+        decided.promoted, decided.shadowed = False, True
+        decided.reason += (
+            ": it runs in the serving version's shadow until live traffic promotes it "
+            "(AISTACK_MODEL_POLICY=live)"
         )
     return decided

@@ -265,6 +265,7 @@ class Tuner:
                 serving_value=decided.serving_value if decided.HasField("serving_value") else None,
                 best_value=result.best_value if result.HasField("best_value") else None,
                 promoted=decided.promoted,
+                shadowed=decided.shadowed,
                 reason=decided.reason,
             )
 

@@ -16,6 +16,7 @@ from shared.bus.topics import (
     TopicSpec,
 )
 from shared.rpc.settings import GrpcServerSettings
+from shared.settings import ServingSettings
 
 
 class TunerSettings(GrpcServerSettings):
@@ -39,6 +40,9 @@ class TunerSettings(GrpcServerSettings):
     # optuna-dashboard on this journal (python -m svc_tuner.dashboard).
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = Field(default=8080, ge=1, le=65535)
+    # Which version serves (AISTACK_MODEL_POLICY, the model server's): under
+    # "live" a re-tune's winner is reported shadowed, not promoted.
+    serving: ServingSettings = Field(default_factory=ServingSettings)
 
     def topic_specs(self) -> list[TopicSpec]:
         return topic_specs(

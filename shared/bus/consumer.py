@@ -257,8 +257,10 @@ class BusTail(Generic[MessageT]):
         self._cls = message_cls
         metadata = self._consumer.list_topics(timeout=timeout)
         assignment = []
-        # Per partition: (first offset, end offset) as of now.
+        # Per partition: (first offset, end offset) as of now, and where the
+        # tail starts reading it.
         self._marks: dict[tuple[str, int], tuple[int, int]] = {}
+        self._starts: dict[tuple[str, int], int] = {}
         for topic in topics:
             described = metadata.topics.get(topic)
             if described is None or described.error is not None:
@@ -273,6 +275,7 @@ class BusTail(Generic[MessageT]):
                     start = self._offset_at(
                         TopicPartition(topic, partition, since_ms), end, timeout
                     )
+                self._starts[(topic, partition)] = low if start == OFFSET_BEGINNING else start
                 assignment.append(TopicPartition(topic, partition, start))
         self._consumer.assign(assignment)
         self._assignment = assignment
@@ -302,8 +305,12 @@ class BusTail(Generic[MessageT]):
     def caught_up(self) -> bool:
         """Whether every record each partition held at start has been read."""
         for position in self._consumer.position(self._assignment):
-            low, end = self._marks[(position.topic, position.partition)]
-            if end > low and position.offset < end:
+            key = (position.topic, position.partition)
+            low, end = self._marks[key]
+            # Nothing read from a partition yet: no position, the start is it
+            # (one that starts at its end has nothing to read).
+            offset = position.offset if position.offset >= 0 else self._starts[key]
+            if end > low and offset < end:
                 return False
         return True
 

@@ -269,3 +269,37 @@ def test_bad_bytes_on_the_bus_raise_with_their_position(infra: Infra, unique: st
     error = caught.value
     assert (error.topic, error.partition, error.offset) == (topic, 0, 0)
     assert error.value == b"\xff\xfe not protobuf" and error.headers == [("x", b"1")]
+
+
+def test_a_tail_since_a_time_no_record_reaches_is_caught_up_at_once(
+    infra: Infra, unique: str
+) -> None:
+    """A partition with records, none at or after ``since_ms``: the tail
+    starts at its end and has nothing to catch up on (svc_monitor's joiner
+    replays its lookback so, and waited for it forever)."""
+    from shared.bus.consumer import BusTail
+
+    topic = make_topic(infra, f"since-{unique}", partitions=2)
+    with BusProducer(infra.kafka, source="tests") as producer:
+        for i in range(3):
+            producer.publish(topic, events_pb2.CleanEvent(event_id=f"e{i}"), key=f"k{i}")
+        producer.flush()
+    future_ms = int(time.time() * 1000) + 3_600_000
+    tail = BusTail(
+        infra.kafka, topics=[topic], message_cls=events_pb2.CleanEvent, since_ms=future_ms
+    )
+    try:
+        assert tail.caught_up()
+        assert tail.poll_batch(10, timeout=0.5) == []
+    finally:
+        tail.close()
+    everything = BusTail(infra.kafka, topics=[topic], message_cls=events_pb2.CleanEvent, since_ms=0)
+    try:
+        assert not everything.caught_up()
+        read: list[Record] = []
+        deadline = time.monotonic() + 30
+        while not everything.caught_up() and time.monotonic() < deadline:
+            read += everything.poll_batch(10, timeout=0.5)
+        assert sorted(r.decode().event_id for r in read) == ["e0", "e1", "e2"]
+    finally:
+        everything.close()

@@ -220,7 +220,9 @@ def marked(version: int, value: float) -> models_pb2.ModelReady:
 def test_the_challengers_are_the_newest_marked_or_retuned_and_the_previous_champion() -> None:
     serving_one = ready(2, 0.10)
     lost = retuned(4, 0.30, baseline=2, baseline_value=0.20)  # worse than 2 on its own data
+    lost.lineage.study_id = "retune-2"
     older_lost = retuned(3, 0.30, baseline=2, baseline_value=0.20)
+    older_lost.lineage.study_id = "retune-1"
     events = [ready(1, 0.5), serving_one, older_lost, lost, ready(5, 0.9), marked(6, 0.4)]
     registry = model_registry.Registry.of(events)
     assert registry.serving("m", "champion").version == "2"
@@ -242,3 +244,25 @@ def test_the_challengers_are_the_newest_marked_or_retuned_and_the_previous_champ
     assert [e.version for e in model_registry.challengers([ready(1, 0.1)], "champion", 8)] == []
     assert model_registry.challengers([], "champion", 1) == []
     assert registry.challengers("nothing", "champion", 1) == []
+
+
+def test_under_the_live_policy_a_retuned_winner_shadows_until_a_decision_promotes_it() -> None:
+    from tests.model_events import decided
+
+    winner = retuned(2, 0.10, baseline=1, baseline_value=0.30)  # beat 1 on its own data
+    events = [ready(1, 0.2), winner]
+    assert model_registry.serving(events, "champion").version == "2"
+    assert model_registry.serving(events, "live").version == "1"
+    assert [e.version for e in model_registry.challengers(events, "live", 1)] == ["2"]
+    promoted = [ready(1, 0.2), decided(winner, 1, newest=2)]
+    assert model_registry.serving(promoted, "live").version == "2"
+    assert [e.version for e in model_registry.challengers(promoted, "live", 1)] == ["1"]
+
+
+def test_of_a_retunes_versions_its_best_challenges() -> None:
+    trials = [retuned(v, value, 1, 0.05) for v, value in ((2, 0.3), (3, 0.2), (4, 0.4))]
+    for trial in trials:
+        trial.lineage.study_id = "forecast-retune-1"
+    events = [ready(1, 0.1), *trials]
+    assert model_registry.serving(events, "champion").version == "1"
+    assert [e.version for e in model_registry.challengers(events, "champion", 8)] == ["3"]

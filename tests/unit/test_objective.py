@@ -126,6 +126,20 @@ def test_a_decision_on_live_traffic_outranks_the_validation_values_it_knew_of() 
     assert champion([*old, malformed]) == old[1]
 
 
+def test_under_the_live_policy_a_retune_serves_only_by_a_decision_on_live_traffic() -> None:
+    old = [_version(1, 0.9), _version(2, 0.5)]
+    better = _version(3, 1.2, baseline=(2, 3.0))  # beats 2 on the new data
+    assert champion([*old, better]) == better
+    assert champion([*old, better], retunes_by_validation=False) == old[1]
+    promoted = decided(better, 1, newest=3)
+    assert champion([*old, promoted], retunes_by_validation=False) == promoted
+    # A version that is not a re-tune still compares by its values.
+    plain = _version(4, 0.1)
+    assert champion([*old, better, plain], retunes_by_validation=False) == plain
+    # A re-tune alone is what there is to serve.
+    assert champion([better], retunes_by_validation=False) == better
+
+
 def test_a_baseline_naming_no_champion_or_lacking_its_value_is_plain_comparison() -> None:
     named_other = _version(3, 0.4, baseline=(1, 3.0))
     assert champion([_version(1, 0.9), _version(2, 0.5), named_other]) == named_other

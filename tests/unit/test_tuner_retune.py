@@ -213,3 +213,22 @@ def test_warm_trials_not_yet_asked_are_no_trials_of_the_study(unique: str) -> No
     third = publish(engine, engine.ask(retune_id))
     ranked = sorted(engine.trials(root), key=lambda t: (t.value, t.number))
     assert [_params(r) for r in third] == [ranked[2].params]
+
+
+def test_under_the_live_policy_a_better_retune_is_shadowed_not_promoted(unique: str) -> None:
+    engine = Engine(InMemoryStorage(), clock=Clock(), policy="live")
+    root = _finished_root(engine, unique)
+    retune_id = engine.retune(_drift(root)).study_id
+    _run(engine, retune_id, baseline=100.0)
+    result = engine.unannounced_result(retune_id)
+    assert result is not None
+    decided = result.retune
+    assert decided.shadowed and not decided.promoted
+    assert decided.reason.startswith(f"loss {result.best_value:.4g} beats the serving version 2's")
+    assert decided.reason.endswith("until live traffic promotes it (AISTACK_MODEL_POLICY=live)")
+    worse = Engine(InMemoryStorage(), clock=Clock(), policy="live")
+    root = _finished_root(worse, f"{unique}-worse")
+    retune_id = worse.retune(_drift(root)).study_id
+    _run(worse, retune_id, baseline=-1.0)
+    refused = worse.unannounced_result(retune_id)
+    assert refused is not None and not (refused.retune.shadowed or refused.retune.promoted)
