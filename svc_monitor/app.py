@@ -12,8 +12,10 @@ Start-up, in order:
    the windows topic, read without a consumer group (nothing is committed:
    the horizon is rebuilt from the log's tail every start, so a restart does
    not wait for a full horizon), then judged once;
-5. the joiner (``svc_monitor.joining``): its own settlements read back, the
-   predictions, labels and windows of its lookback replayed.
+5. the joiner (``svc_monitor.joining``): its decisions and its own
+   settlements read back (the champion rule on live traffic,
+   ``svc_monitor.deciding``, runs over them again and publishes only what is
+   missing), the predictions, labels and windows of its lookback replayed.
 
 ``run`` then follows the topics from one thread, in turn: new versions
 into the registry and the watched versions, new windows into the horizons

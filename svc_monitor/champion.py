@@ -113,6 +113,9 @@ class _Model:
 
 
 class Referee:
+    """The rule of the module docstring over every model's settlements;
+    ``lookup`` finds a version's registry event (its validation value)."""
+
     def __init__(self, rule: Rule, lookup: Lookup) -> None:
         if rule.min_pairs < 2:
             raise ValueError(f"a paired test needs at least 2 pairs, not {rule.min_pairs}")

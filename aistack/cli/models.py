@@ -162,12 +162,16 @@ def _list(settings: ClientSettings, name: str | None) -> int:
         live = live_performance.read(
             lineage.kafka, lineage.performance_topic, lineage.timeout_seconds
         )
+    except Unavailable as exc:  # no monitor has published yet: the registry alone
+        print(f"no live errors: {exc}", file=sys.stderr)
+        live = {}
+    try:
         decided = live_performance.last_decisions(
             lineage.kafka, lineage.decisions_topic, lineage.timeout_seconds
         )
-    except Unavailable as exc:  # no monitor has published yet: the registry alone
-        print(f"no live errors: {exc}", file=sys.stderr)
-        live, decided = {}, {}
+    except Unavailable as exc:
+        print(f"no decisions on live traffic: {exc}", file=sys.stderr)
+        decided = {}
     names = [name] if name else registry.names()
     rows = version_rows(registry, names, lineage.serving, live)
     terminal.table(

@@ -8,6 +8,9 @@ replayed over the joined topic decides the same."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,6 +146,25 @@ def test_live_traffic_promotes_a_better_challenger_keeps_a_worse_out_and_rolls_b
 
     wait_until(lambda: serving() == ["2", "1", "1"], 60, "the registry did not follow")
     assert monitor.terminate() == 0
+
+    # The command shows each version's role and the last decision, and why.
+    listed = subprocess.run(
+        [sys.executable, "-m", "aistack.cli", "models", "list", "better"],
+        env={
+            **os.environ,
+            "AISTACK_KAFKA_BOOTSTRAP": infra.kafka.bootstrap,
+            "AISTACK_LINEAGE_MODELS_TOPIC": settings.models_topic,
+            "AISTACK_LINEAGE_PERFORMANCE_TOPIC": settings.performance_topic,
+            "AISTACK_LINEAGE_DECISIONS_TOPIC": settings.decisions_topic,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "better@2     serving" in listed.stdout
+    assert "better: last decision promote (serving 2, " in listed.stdout
+    assert promoted.reason in listed.stdout
 
     # The rule replayed over the joined topic decides the same, ids and numbers.
     registry = model_registry.read(infra.kafka, settings.models_topic, 30)
