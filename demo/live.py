@@ -30,7 +30,6 @@ DEMO_SETTINGS = {
     "AISTACK_MODEL_POLICY": "live",
     "AISTACK_MODEL_SHADOW_FRACTION": "1.0",
     "AISTACK_MONITOR_CHAMPION_MIN_PAIRS": "20",
-    "AISTACK_MONITOR_PERFORMANCE_INTERVAL_SECONDS": "1",
 }
 #: Rounds of requests and truths, at most; each adds about one window per
 #: sensor, under the drift monitor's horizon (120) over the rounds, so the
@@ -106,7 +105,6 @@ class LiveStep:
     summary: Summary
     kafka: KafkaSettings
     wait: Callable[[str, Callable[[], Any], float, Callable[[], str]], Any]
-    _degraded_shown: bool = False
 
     def run(self, name: str, serving: str, challenger: str) -> Any:
         """Rounds until the rule decides on ``challenger``; the decision (a
@@ -115,19 +113,30 @@ class LiveStep:
             f"  version {challenger} runs in version {serving}'s shadow: every forecast request "
             "goes to both, the caller gets the champion's answer"
         )
-        for number in range(1, ROUNDS + 1):
-            windows = current(self._windows())
-            served = self._forecast(name, sorted(windows))
-            self._send(truth_readings(windows, seed=number))
-            self.console.line(
-                f"  round {number}: {served} sensors' next minute forecast by {name}, then "
-                "each sensor's readings of that minute sent: each forecast meets the window "
-                "it predicted"
-            )
-            decision = self._decision(name, challenger, number)
-            if decision is not None:
-                self._show(decision)
-                return decision
+        from shared.bus.consumer import BusTail
+        from shared.bus.topics import MODELS_DECISIONS
+        from shared.contracts.aistack.v1 import monitoring_pb2
+
+        # From the topic's end: the decisions on this run's rounds come after.
+        decisions = BusTail(
+            self.kafka, topics=[MODELS_DECISIONS], message_cls=monitoring_pb2.ChampionDecision
+        )
+        try:
+            for number in range(1, ROUNDS + 1):
+                windows = current(self._windows())
+                served = self._forecast(name, sorted(windows))
+                self._send(truth_readings(windows, seed=number))
+                self.console.line(
+                    f"  round {number}: {served} sensors' next minute forecast by {name}, then "
+                    "each sensor's readings of that minute sent: each forecast meets the window "
+                    "it predicted"
+                )
+                decision = self._decision(decisions, name, challenger, number)
+                if decision is not None:
+                    self._show(decision)
+                    return decision
+        finally:
+            decisions.close()
         self.console.line(f"  no decision on version {challenger} in {ROUNDS} rounds")
         return None
 
@@ -181,18 +190,15 @@ class LiveStep:
         finally:
             producer.close()
 
-    def _decision(self, name: str, challenger: str, round_number: int) -> Any:
-        from shared.bus.consumer import messages_to_end
-        from shared.bus.topics import MODELS_DECISIONS
+    def _decision(self, decisions: Any, name: str, challenger: str, round_number: int) -> Any:
         from shared.contracts.aistack.v1 import monitoring_pb2
 
         judged = (monitoring_pb2.DECISION_KIND_PROMOTE, monitoring_pb2.DECISION_KIND_KEEP)
         found: dict[str, Any] = {}
 
         def decided() -> Any:
-            for decision in messages_to_end(
-                self.kafka, MODELS_DECISIONS, monitoring_pb2.ChampionDecision, 30
-            ):
+            for record in decisions.poll_batch(500, timeout=0.2):
+                decision = record.decode()
                 if decision.model_name != name:
                     continue
                 if decision.kind == monitoring_pb2.DECISION_KIND_DEGRADED:
@@ -217,8 +223,7 @@ class LiveStep:
             "windows that close",
         )
         degraded = found.get("degraded")
-        if degraded is not None and not self._degraded_shown:
-            self._degraded_shown = True
+        if degraded is not None:
             self.console.line(f"  degraded: {degraded.reason}")
         return None if result is _OVER else result
 

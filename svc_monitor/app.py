@@ -34,12 +34,12 @@ from collections.abc import Callable
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from shared import model_registry
-from shared.bus.consumer import BusTail, read_to_end
+from shared.bus.consumer import BusTail, messages_to_end
 from shared.bus.loop import ConsumeLoop, DeadLetters, Publisher
 from shared.bus.producer import BusProducer
 from shared.bus.topics import ensure_topics
 from shared.contracts.aistack.v1 import features_pb2, monitoring_pb2
-from shared.errors import Unavailable, UndecodableRecord
+from shared.errors import Unavailable
 from shared.log import get_logger
 from svc_monitor.handlers import ModelsHandler, WindowsHandler
 from svc_monitor.horizon import Horizons
@@ -168,28 +168,16 @@ class MonitorApp:
         log.info("monitor.stopped")
 
     def _remember(self, timeout: float) -> int:
-        records = read_to_end(
+        events = messages_to_end(
             self.settings.kafka,
             self.settings.drift_topic,
             monitoring_pb2.DriftDetected,
             timeout,
             reader=f"{SERVICE}.drift",
         )
-        for record in records:
-            if record.is_tombstone:
-                continue
-            try:
-                self.judge.remember(record.decode())
-            except UndecodableRecord as error:
-                # Not the monitor's to dead-letter: it only reads its own output back.
-                log.warning(
-                    "drift.unreadable",
-                    topic=error.topic,
-                    partition=error.partition,
-                    offset=error.offset,
-                    error=str(error),
-                )
-        return len(records)
+        for event in events:
+            self.judge.remember(event)
+        return len(events)
 
     def _windows_loop(
         self, source: BusTail[features_pb2.FeatureWindow]

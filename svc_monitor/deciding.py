@@ -60,6 +60,7 @@ class Deciding:
             self.settings.decisions_topic,
             monitoring_pb2.ChampionDecision,
             timeout,
+            reader="svc_monitor.decisions",
         )
         for decision in decisions:
             self.recall(decision)

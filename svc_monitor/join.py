@@ -343,11 +343,11 @@ class Joiner:
             prediction=waiting.value,
             entity_id=p.entity_id,
             statistic=waiting.statistic,
-            truth_time=_timestamp(waiting.due_us),
+            truth_time=timestamp(waiting.due_us),
         )
         watermark = self._streams[source].watermark_us
         if watermark != _NEVER:
-            joined.watermark.CopyFrom(_timestamp(watermark))
+            joined.watermark.CopyFrom(timestamp(watermark))
         if isinstance(truth, FeatureWindow):
             joined.truth = float(getattr(truth, waiting.statistic))
             joined.truth_window_key = truth.window_key
@@ -367,7 +367,8 @@ def _error(value: float, truth: float, is_class: bool) -> float:
     return value - truth
 
 
-def _timestamp(micros: int) -> Timestamp:
+def timestamp(micros: int) -> Timestamp:
+    """A protobuf Timestamp of ``micros`` since the epoch."""
     stamp = Timestamp()
     stamp.FromMicroseconds(micros)
     return stamp

@@ -34,10 +34,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from shared.bus.codec import MessageT
-from shared.bus.consumer import BusTail, read_to_end
+from shared.bus.consumer import BusTail, messages_to_end
 from shared.bus.loop import Batch, ConsumeLoop, DeadLetters, Publisher
 from shared.contracts.aistack.v1 import features_pb2, predictions_pb2
-from shared.errors import NotFound, Unavailable, UndecodableRecord
+from shared.errors import NotFound, Unavailable
 from shared.feature_store import FEATURE_LABEL, forecast_statistic, window_spans
 from shared.log import get_logger
 from shared.model_registry import Registry
@@ -278,23 +278,13 @@ class Joining:
         return loop
 
     def _remember(self, timeout: float) -> int:
-        records = read_to_end(
+        settled = messages_to_end(
             self.settings.kafka,
             self.settings.joined_topic,
             predictions_pb2.PredictionJoined,
             timeout,
             reader="svc_monitor.joined",
         )
-        for record in records:
-            try:
-                self.handler.remember(record.decode())
-            except UndecodableRecord as error:
-                # Not the monitor's to dead-letter: it only reads its own output back.
-                log.warning(
-                    "joined.unreadable",
-                    topic=error.topic,
-                    partition=error.partition,
-                    offset=error.offset,
-                    error=str(error),
-                )
-        return len(records)
+        for joined in settled:
+            self.handler.remember(joined)
+        return len(settled)

@@ -13,7 +13,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1.monitoring_pb2 import LivePerformance
 from shared.contracts.aistack.v1.predictions_pb2 import (
@@ -21,6 +20,7 @@ from shared.contracts.aistack.v1.predictions_pb2 import (
     PredictionJoined,
     PredictionRole,
 )
+from svc_monitor.join import timestamp
 
 #: The levels of the signed error's quantiles each summary carries.
 LEVELS = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
@@ -84,7 +84,7 @@ class Performance:
             joined=state.joined,
             expired=state.expired,
             pairs=len(state.pairs),
-            published_time=_timestamp(now_us),
+            published_time=timestamp(now_us),
         )
         if state.pairs:
             served, truth, errors = (
@@ -94,14 +94,8 @@ class Performance:
             event.mean_error = float(errors.mean())
             event.levels.extend(LEVELS)
             event.quantiles.extend(float(q) for q in np.quantile(errors, LEVELS))
-            event.first_served_time.CopyFrom(_timestamp(int(served.min())))
-            event.last_served_time.CopyFrom(_timestamp(int(served.max())))
-            event.first_truth_time.CopyFrom(_timestamp(int(truth.min())))
-            event.last_truth_time.CopyFrom(_timestamp(int(truth.max())))
+            event.first_served_time.CopyFrom(timestamp(int(served.min())))
+            event.last_served_time.CopyFrom(timestamp(int(served.max())))
+            event.first_truth_time.CopyFrom(timestamp(int(truth.min())))
+            event.last_truth_time.CopyFrom(timestamp(int(truth.max())))
         return event
-
-
-def _timestamp(micros: int) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromMicroseconds(micros)
-    return stamp

@@ -28,7 +28,10 @@ from shared.bus import envelope
 from shared.bus.codec import MessageT, Rejected, decode, parse
 from shared.bus.lag import ConsumerLag
 from shared.errors import Unavailable, UndecodableRecord
+from shared.log import get_logger
 from shared.settings import KafkaSettings
+
+log = get_logger("shared.bus")
 
 CONSUMER_DEFAULTS: Mapping[str, Any] = {
     "enable.auto.commit": False,
@@ -367,16 +370,33 @@ def read_to_end(
 
 
 def messages_to_end(
-    kafka: KafkaSettings, topic: str, message_cls: type[MessageT], timeout: float
+    kafka: KafkaSettings,
+    topic: str,
+    message_cls: type[MessageT],
+    timeout: float,
+    *,
+    reader: str = "replay",
 ) -> list[MessageT]:
-    """The messages ``topic`` holds now (``read_to_end``), decoded; a record
-    that does not decode is skipped (its producer dead-letters its own)."""
+    """The messages ``topic`` holds now (``read_to_end``), decoded, in each
+    partition's order. A tombstone is passed over; a record that does not
+    decode is skipped with a warning (not the reader's to dead-letter: its
+    producer dead-letters its own, and a service reading its own output back
+    has nobody to send it to)."""
     messages = []
-    for record in read_to_end(kafka, topic, message_cls, timeout):
+    for record in read_to_end(kafka, topic, message_cls, timeout, reader=reader):
+        if record.is_tombstone:
+            continue
         try:
             messages.append(record.decode())
-        except UndecodableRecord:
-            continue
+        except UndecodableRecord as error:
+            log.warning(
+                "record.unreadable",
+                topic=error.topic,
+                partition=error.partition,
+                offset=error.offset,
+                reader=reader,
+                error=str(error),
+            )
     return messages
 
 
