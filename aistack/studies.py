@@ -21,6 +21,7 @@ from shared.contracts.aistack.v1 import common_pb2, tuning_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.errors import InvalidArgument
 from shared.search_space import python_value
+from shared.settings import ObjectStoreSettings
 
 BAR_WIDTH = 24
 #: Lines of a failed trial's traceback ``describe_study`` shows.
@@ -63,12 +64,15 @@ def spec_of(spec: Spec) -> tuning_pb2.StudySpec:
     return load_spec(spec)
 
 
-def ship_code(directory: Path, artifact_root: str) -> common_pb2.CodePackage:
+def ship_code(
+    directory: Path, artifact_root: str, object_store: ObjectStoreSettings | None = None
+) -> common_pb2.CodePackage:
     """Pack ``directory`` (``shared.code_packages``) and store the archive in
     the artifact store under its digest (once: the same files, the same
-    object); what a study's task names to get it to the trainers."""
+    object); what a study's task names to get it to the trainers.
+    ``object_store``: how to reach an ``s3://`` root (None: the environment's)."""
     packed = code_packages.pack(directory)
-    store = ArtifactStore(artifact_root)
+    store = ArtifactStore(artifact_root, object_store)
     if store.exists(packed.key):
         uri = store.uri(packed.key)
     else:

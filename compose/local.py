@@ -26,6 +26,7 @@ from pathlib import Path
 
 from compose import kafka_dist
 from compose.grants import grant_principals, redis_acl
+from compose.object_store import BUCKET, ObjectStoreServer
 from compose.processes import ManagedProcess, Readiness, Supervisor, port_open
 from compose.secure import ADMIN, SecureMaterial, ensure_material, write_private
 from compose.secure_config import (
@@ -37,7 +38,7 @@ from compose.secure_config import (
 )
 from compose.settings import KAFKA_PORT_STEP, InfraSettings
 from shared.errors import AistackError, ConfigError, Unavailable
-from shared.settings import KafkaSettings, RedisSettings
+from shared.settings import KafkaSettings, ObjectStoreSettings, RedisSettings
 
 #: How long ``down`` gives each server to stop before SIGKILL.
 STOP_TIMEOUT = 60.0
@@ -104,6 +105,20 @@ class LocalStack:
             settings.redis_port,
             f"{scheme}://{host}:{settings.redis_port}/0",
         )
+        self.object_store_server = ObjectStoreServer(
+            self.root / "object-store", host, settings.object_store_port
+        )
+        # Started once in this state directory: every later command runs it too.
+        self.object_store: Server | None = None
+        if settings.object_store or self.object_store_server.directory.is_dir():
+            self.object_store = Server(
+                "object-store",
+                "s3proxy",
+                self.root / "object-store.pid",
+                self.root / "object-store.log",
+                settings.object_store_port,
+                self.object_store_server.endpoint,
+            )
         self._supervisor = Supervisor()
 
     # ---- public ----
@@ -170,9 +185,13 @@ class LocalStack:
             ssl_ca_certs=self.material.ca_cert,
         )
 
+    def object_store_settings(self) -> ObjectStoreSettings | None:
+        """How a client reaches this stack's object store; None without one."""
+        return None if self.object_store is None else self.object_store_server.settings()
+
     def client_env(self, principal: str) -> dict[str, str]:
-        """``kafka_settings`` and ``redis_settings`` of ``principal`` as the
-        environment of a process started with them."""
+        """``kafka_settings``, ``redis_settings`` of ``principal`` and the
+        object store's as the environment of a process started with them."""
         kafka = self.kafka_settings(principal)
         redis_settings = self.redis_settings(principal)
         env = {
@@ -182,6 +201,8 @@ class LocalStack:
         }
         if self.secure:
             env.update(principal_env(self.material, principal))
+        if self.object_store is not None:
+            env.update(self.object_store_server.client_env())
         return env
 
     def up(self) -> list[ServerStatus]:
@@ -223,6 +244,13 @@ class LocalStack:
                 self._start_redis(redis_server)
                 started.append(self.redis)
             self._wait(self.redis, self._redis_ready)
+            if self.object_store is not None:
+                if self._alive_pid(self.object_store) is None:
+                    self._check_port_free(self.object_store)
+                    self._spawn(self.object_store, self.object_store_server.command(self.cache_dir))
+                    started.append(self.object_store)
+                self._wait(self.object_store, self.object_store_server.ready)
+                self.object_store_server.create_buckets(BUCKET)
         except BaseException:
             self._supervisor.stop(started, STOP_TIMEOUT)
             raise
@@ -230,8 +258,10 @@ class LocalStack:
 
     def down(self, timeout: float = STOP_TIMEOUT) -> list[ServerStatus]:
         """Stop every server cleanly (SIGTERM, then SIGKILL after ``timeout``):
-        Redis, then the brokers together (a broker stopping alone after the
-        others would wait for a controller quorum that is gone)."""
+        the object store, Redis, then the brokers together (a broker stopping
+        alone after the others would wait for a controller quorum that is gone)."""
+        if self.object_store is not None:
+            self.stop_server(self.object_store.name, timeout)
         self.stop_server(self.redis.name, timeout)
         self._supervisor.stop(self.brokers, timeout)
         return self.status()
@@ -254,7 +284,8 @@ class LocalStack:
         return min(3, len(self.brokers))
 
     def _servers(self) -> list[Server]:
-        return [*self.brokers, self.redis]
+        extra = [] if self.object_store is None else [self.object_store]
+        return [*self.brokers, self.redis, *extra]
 
     def _broker(self, node: int) -> Broker:
         s = self.settings
@@ -513,7 +544,9 @@ class LocalStack:
 
     def _check_port_free(self, server: Server) -> None:
         if port_open(self.settings.host, server.port):
-            setting = "KAFKA" if isinstance(server, Broker) else server.name.upper()
+            setting = (
+                "KAFKA" if isinstance(server, Broker) else server.name.upper().replace("-", "_")
+            )
             raise PortTaken(
                 f"port {server.port} on {self.settings.host} is already taken by another process; "
                 f"stop it or set AISTACK_INFRA_{setting}_PORT"

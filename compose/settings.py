@@ -15,13 +15,16 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from shared.settings import CommonSettings
 
 
-def apply_infra_flags(brokers: int | None, secure: bool) -> None:
-    """A command's ``--brokers N`` is ``AISTACK_INFRA_BROKERS=N`` and its
-    ``--secure`` ``AISTACK_INFRA_SECURE=true``, for the command and all it starts."""
+def apply_infra_flags(brokers: int | None, secure: bool, object_store: bool = False) -> None:
+    """A command's ``--brokers N`` is ``AISTACK_INFRA_BROKERS=N``, its
+    ``--secure`` ``AISTACK_INFRA_SECURE=true`` and its ``--object-store``
+    ``AISTACK_INFRA_OBJECT_STORE=true``, for the command and all it starts."""
     if brokers is not None:
         os.environ["AISTACK_INFRA_BROKERS"] = str(brokers)
     if secure:
         os.environ["AISTACK_INFRA_SECURE"] = "true"
+    if object_store:
+        os.environ["AISTACK_INFRA_OBJECT_STORE"] = "true"
 
 
 def inherited_environment() -> dict[str, str]:
@@ -45,6 +48,11 @@ class InfraSettings(BaseSettings):
     # service), Redis over TLS with an ACL user each. Fixed when the state's
     # cluster is formatted.
     secure: bool = False
+    # An S3-compatible object store (S3Proxy) beside Kafka and Redis, with
+    # the bucket the stack's files go to. Once started in a state directory,
+    # later commands there run it too.
+    object_store: bool = False
+    object_store_port: int = Field(default=9000, ge=1, le=65535)
     kafka_heap: str = Field(default="512m", pattern=r"^\d+[mMgG]$")
     start_timeout: float = Field(default=120.0, gt=0)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from compose.local import LocalStack, PortTaken
 from compose.logs import last_lines
+from compose.object_store import BUCKET_LOCATIONS
 from compose.processes import (
     LAST_LINES,
     ManagedProcess,
@@ -39,9 +40,10 @@ from compose.settings import (
     StackSettings,
     inherited_environment,
 )
+from shared import object_store
 from shared.errors import NotFound, Unavailable
 from shared.rpc.client import Endpoint
-from shared.settings import KafkaSettings, RedisSettings, load_settings
+from shared.settings import KafkaSettings, ObjectStoreSettings, RedisSettings, load_settings
 
 #: The directory holding pyproject.toml: services run from here so that
 #: ``python -m svc_…`` finds the project's packages.
@@ -216,10 +218,14 @@ class ServiceStack:
         """Every name ``status`` reports, in start order: infrastructure first."""
         return [*self.infra.names, *self._services]
 
-    def tensorboard_dir(self) -> Path:
-        """Where the trainers write their TensorBoard runs (one per trial)."""
+    def tensorboard_dir(self) -> str:
+        """Where the trainers write their TensorBoard runs (one per trial): a
+        directory, or a URL on the object store."""
         from svc_trainer.settings import TrainerSettings
 
+        on_the_bucket = self._object_store_env().get("AISTACK_TRAINER_TENSORBOARD_DIR")
+        if on_the_bucket:
+            return on_the_bucket
         trainer = load_settings(TrainerSettings)
         common = self.settings.infra.common  # the state dir the stack gives the trainers
         return trainer.model_copy(update={"common": common}).tensorboard_location()
@@ -365,7 +371,10 @@ class ServiceStack:
         process's, plus where Kafka, Redis and the state live, plus its ports.
         Raises NotFound for a name that is not a service."""
         svc = self._service(name)
-        return {**self._common_env(), **dict(svc.env), **self._security_env(svc)}
+        env = {**self._common_env(), **dict(svc.env), **self._security_env(svc)}
+        if svc.name == DASHBOARDS[1] and object_store.is_object_url(self.tensorboard_dir()):
+            env.update(object_store.boto3_env(self._object_store_settings()))
+        return env
 
     @property
     def secure(self) -> bool:
@@ -394,6 +403,7 @@ class ServiceStack:
         ``client`` principal's credentials, the CA and the gRPC tokens."""
         env = {
             **self.infra.client_env("client"),
+            **self._object_store_env(),
             "AISTACK_TUNER_TARGET": self.tuner_target,
             "AISTACK_MODEL_TARGET": self.model_target,
         }
@@ -450,6 +460,21 @@ class ServiceStack:
             update[field] = int(value)
         return load_settings(KafkaSettings).model_copy(update=update)
 
+    def _object_store_env(self) -> dict[str, str]:
+        """With the infra's object store: how to reach it, and the services'
+        files on its bucket where the environment does not put them."""
+        if self.infra.object_store is None:
+            return {}
+        environment = inherited_environment()
+        return {
+            **self.infra.object_store_server.client_env(),
+            **{k: v for k, v in BUCKET_LOCATIONS.items() if k not in environment},
+        }
+
+    def _object_store_settings(self) -> ObjectStoreSettings:
+        """The infra's object store, else the one the environment names."""
+        return self.infra.object_store_settings() or load_settings(ObjectStoreSettings)
+
     def _replication_env(self) -> dict[str, str]:
         """The cluster's topic replication settings that the environment leaves unset."""
         environment = inherited_environment()
@@ -503,6 +528,7 @@ class ServiceStack:
             AISTACK_CACHE_DIR=str(common.cache_dir),
         )
         env.update(self._replication_env())
+        env.update(self._object_store_env())
         env.setdefault("AISTACK_LOG_FORMAT", "json")
         # local[*] on a laptop would let Spark take every core from the others.
         env.setdefault("AISTACK_SPARK_MASTER", "local[2]")
@@ -512,10 +538,17 @@ class ServiceStack:
 
     def _command(self, svc: _Service) -> list[str]:
         args = svc.args
+        module = svc.module
         if svc.name == DASHBOARDS[1]:
             # Read when TensorBoard starts: a bad AISTACK_TRAINER_* fails it alone.
-            args = (f"--logdir={self.tensorboard_dir()}", *args)
-        return [sys.executable, "-m", svc.module, *args]
+            logdir = self.tensorboard_dir()
+            args = (f"--logdir={logdir}", *args)
+            if object_store.is_object_url(logdir):
+                # TensorBoard's own S3 reader: the TensorFlow installed beside
+                # it reads no s3://, and its fast loader neither.
+                module = "svc_trainer.tensorboard"
+                args = (*args, "--load_fast=false")
+        return [sys.executable, "-m", module, *args]
 
     def _wait_ready(
         self,

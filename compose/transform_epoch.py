@@ -20,7 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from compose.stack import ServiceStack
-from shared.settings import KafkaSettings, load_settings
+from shared import object_store
+from shared.settings import KafkaSettings, ObjectStoreSettings, load_settings
 from svc_transform.settings import TransformSettings
 
 SERVICE = "svc_transform"
@@ -41,16 +42,20 @@ def transform_settings(stack: ServiceStack) -> TransformSettings:
     )
 
 
-def stored_watermark(checkpoint: Path) -> datetime | None:
-    """The latest watermark any query under ``checkpoint`` recorded (Spark's
-    offset log), or None when none has one yet."""
+def stored_watermark(
+    checkpoint: Path | str, settings: ObjectStoreSettings | None = None
+) -> datetime | None:
+    """The latest watermark any query under ``checkpoint`` (a directory, or a
+    URL on the object store ``settings`` describes) recorded (Spark's offset
+    log), or None when none has one yet."""
+    fs, root = object_store.filesystem(str(checkpoint), settings or ObjectStoreSettings())
     found = 0
-    for log in checkpoint.glob("*/offsets"):
-        batches = [p for p in log.iterdir() if p.name.isdigit()]
+    for log in fs.glob(f"{root.rstrip('/')}/*/offsets"):
+        batches = [p for p in fs.ls(log, detail=False) if p.rsplit("/", 1)[-1].isdigit()]
         if not batches:
             continue
-        latest = max(batches, key=lambda p: int(p.name))
-        lines = latest.read_text().splitlines()
+        latest = max(batches, key=lambda p: int(p.rsplit("/", 1)[-1]))
+        lines = fs.cat_file(latest).decode().splitlines()
         # "v1", then the batch's metadata, then one line per source.
         if len(lines) > 1:
             found = max(found, int(json.loads(lines[1]).get("batchWatermarkMs", 0)))
@@ -78,16 +83,17 @@ def needs_fresh_epoch(stack: ServiceStack, first_event: datetime) -> datetime | 
     """The stored watermark when it is past ``first_event`` (the run's
     readings would be dropped as late), else None."""
     settings = transform_settings(stack)
-    checkpoint = Path(settings.checkpoint_path())
-    if not checkpoint.is_dir():  # a URL (s3a://…) or no checkpoint yet
-        return None
-    watermark = stored_watermark(checkpoint)
+    checkpoint = settings.checkpoint_path()
+    if not object_store.is_object_url(checkpoint) and not Path(checkpoint).is_dir():
+        return None  # no checkpoint yet
+    watermark = stored_watermark(checkpoint, settings.object_store)
     return watermark if watermark is not None and watermark >= first_event else None
 
 
 def begin_fresh_epoch(stack: ServiceStack, kafka: KafkaSettings) -> Epoch:
     """Stop svc_transform, move its checkpoint and offline store under
-    ``transform/epochs/<time>/``, and start it again from the clean topic's
+    ``transform/epochs/<time>/`` (one on the object store beside itself,
+    under ``epochs/<time>/``), and start it again from the clean topic's
     end. Raises Unavailable when it does not come back."""
     settings = transform_settings(stack)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
@@ -101,8 +107,12 @@ def begin_fresh_epoch(stack: ServiceStack, kafka: KafkaSettings) -> Epoch:
         ("checkpoint", settings.checkpoint_path()),
         ("offline", settings.offline_path()),
     ):
-        path = Path(location)
-        if path.exists():
-            shutil.move(str(path), str(archive / kind))
+        if object_store.is_object_url(location):
+            fs, path = object_store.filesystem(location, settings.object_store)
+            if fs.exists(path):
+                fs.mv(path, f"{path.rpartition('/')[0]}/epochs/{stamp}/{kind}", recursive=True)
+            continue
+        if Path(location).exists():
+            shutil.move(location, str(archive / kind))
     stack.start_service(SERVICE, env={"AISTACK_TRANSFORM_STARTING_OFFSETS": json.dumps(starting)})
     return Epoch(archive, starting)

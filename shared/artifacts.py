@@ -6,8 +6,10 @@ stream of it (names sorted, owners, times and modes normalised), so the same
 files always give the same digest wherever they are unpacked.
 
 The store is a URL root on fsspec: a local directory by default
-(``/var/lib/aistack/artifacts`` or ``file:///…``), ``s3://bucket/prefix``
-and the like when the matching fsspec backend (s3fs, gcsfs) is installed.
+(``/var/lib/aistack/artifacts`` or ``file:///…``), ``s3://bucket/prefix`` on
+the object store ``ObjectStoreSettings`` describes (``shared.object_store``),
+or any other fsspec URL whose backend is installed (``ftp://…``). A remote
+store that is away is ridden out, then fails ``Unavailable`` (retryable).
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ import os
 import shutil
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from shared import object_store
 from shared.errors import FailedPrecondition
+from shared.settings import ObjectStoreSettings
 
 _CHUNK = 1 << 20
 # A PyTorch model's file in its artifact directory: the trainer writes it, the
@@ -30,6 +35,8 @@ TORCH_EXPORT_FILE = "model.pt2"
 # Pointer reads a checkpoint's copy may take while writers keep replacing it.
 _CHECKPOINT_READS = 5
 _LATEST = "LATEST"
+
+T = TypeVar("T")
 
 
 class _HashSink:
@@ -79,24 +86,27 @@ class ArtifactStore:
     (``ftp://user:password@host:port/dir``, ``s3://bucket/prefix``): fsspec
     parses it, and ``uri`` hands back full URLs under the same root."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, settings: ObjectStoreSettings | None = None) -> None:
+        """``settings``: the object store's, for an ``s3://`` root (None:
+        read from the environment, for a command or a child process)."""
         import fsspec  # the trainer's and model server's dependency, not every service's
         from fsspec.implementations.local import LocalFileSystem
 
         self.root = root.rstrip("/")
-        protocol, _, rest = self.root.partition("://")
+        if object_store.is_object_url(self.root):
+            self.root = object_store.fsspec_url(self.root)
+            self._settings = settings or ObjectStoreSettings()
+        else:
+            self._settings = settings or ObjectStoreSettings.model_construct()
         self._fs: Any
-        if not rest:
+        if not object_store.scheme(self.root):
             self._fs, self._base = fsspec.filesystem("file"), str(Path(root).resolve())
         else:
-            try:
-                self._fs, base = fsspec.core.url_to_fs(self.root)
-            except (ImportError, ValueError) as exc:
-                raise FailedPrecondition(
-                    f"artifact store {root!r}: no fsspec backend for {protocol}:// ({exc})"
-                ) from exc
+            self._fs, base = object_store.filesystem(self.root, self._settings)
             self._base = str(base).rstrip("/")
         self.local = isinstance(self._fs, LocalFileSystem)
+        self._objects = object_store.is_object_url(self.root)
+        self._where = f"artifact store {object_store.where(self.root, self._settings)}"
 
     def path(self, key: str) -> str:
         """The store's own path for ``key`` (a local path for a local store)."""
@@ -125,9 +135,21 @@ class ArtifactStore:
             shutil.rmtree(target, ignore_errors=True)
             os.replace(staging, target)
         else:
-            if self._fs.exists(target):
-                self._fs.rm(target, recursive=True)
-            self._fs.put(str(local), target, recursive=True)
+            self._remote(lambda: self._replace_tree(local, target), f"write {key}")
+        return self.uri(key)
+
+    def mirror_dir(self, local: Path, key: str) -> str:
+        """Every file of the tree at ``local`` written over its copy under
+        ``key``, nothing removed: for a tree that only grows (a TensorBoard
+        run), which a reader lists while it is written. Returns the URI."""
+        if self.local:
+            target = Path(self.path(key))
+            if target.resolve() != local.resolve():
+                shutil.copytree(local, target, dirs_exist_ok=True)
+            return self.uri(key)
+        files = sorted(p for p in local.rglob("*") if p.is_file())
+        remote = [self.path(f"{key}/{p.relative_to(local).as_posix()}") for p in files]
+        self._remote(lambda: self._fs.put([str(p) for p in files], remote), f"write {key}")
         return self.uri(key)
 
     def put_bytes(self, data: bytes, key: str) -> str:
@@ -141,21 +163,20 @@ class ArtifactStore:
             partial.write_bytes(data)
             os.replace(partial, target)
         else:
-            self._fs.pipe_file(target, data)
+            self._remote(lambda: self._fs.pipe_file(target, data), f"write {key}")
         return self.uri(key)
 
     def get_dir(self, key: str, local: Path) -> bool:
         """Copy ``key`` into ``local`` (replacing it); False when absent."""
         source = self.path(key)
-        if not self._fs.exists(source):
-            return False
-        shutil.rmtree(local, ignore_errors=True)
-        local.parent.mkdir(parents=True, exist_ok=True)
         if self.local:
+            if not self._fs.exists(source):
+                return False
+            shutil.rmtree(local, ignore_errors=True)
+            local.parent.mkdir(parents=True, exist_ok=True)
             shutil.copytree(source, local)
-        else:
-            self._fs.get(source, str(local), recursive=True)
-        return True
+            return True
+        return self._remote(lambda: self._get_tree(source, local), f"read {key}")
 
     def put_checkpoint(self, local: Path, key: str) -> None:
         """Replace the checkpoint at ``key`` with the tree at ``local`` so that
@@ -170,12 +191,22 @@ class ArtifactStore:
             self.put_dir(local, key)
             return
         version = f"v{time.time_ns():020d}"
-        self._fs.put(str(local), self.path(f"{key}/{version}"), recursive=True)
-        self._fs.pipe_file(self.path(f"{key}/{_LATEST}"), version.encode())
+        self._remote(
+            lambda: self._replace_tree(local, self.path(f"{key}/{version}")),
+            f"write checkpoint {key}",
+        )
+        # Only once the version is whole does the pointer name it.
+        self._remote(
+            lambda: self._fs.pipe_file(self.path(f"{key}/{_LATEST}"), version.encode()),
+            f"write checkpoint {key}",
+        )
+        self._remote(lambda: self._drop_versions(key, keep=version), f"clean checkpoint {key}")
+
+    def _drop_versions(self, key: str, keep: str) -> None:
         # Names only: some filesystems (FTP) list bare names, others paths.
-        for entry in self._fs.ls(self.path(key), detail=False):
+        for entry in self._fs.ls(self.path(key), detail=False, refresh=True):
             name = str(entry).rstrip("/").rsplit("/", 1)[-1]
-            if name not in (version, _LATEST):
+            if name not in (keep, _LATEST):
                 self._fs.rm(self.path(f"{key}/{name}"), recursive=True)
 
     def get_checkpoint(self, key: str, local: Path) -> bool:
@@ -210,14 +241,65 @@ class ArtifactStore:
         )
 
     def _checkpoint_version(self, key: str) -> str | None:
-        try:
-            return str(self._fs.cat_file(self.path(f"{key}/{_LATEST}")).decode().strip())
-        except FileNotFoundError:
-            return None
+        def read() -> str | None:
+            try:
+                return str(self._fs.cat_file(self.path(f"{key}/{_LATEST}")).decode().strip())
+            except FileNotFoundError:
+                return None
+
+        return self._remote(read, f"read checkpoint {key}")
 
     def remove(self, key: str) -> None:
-        if self._fs.exists(self.path(key)):
-            self._fs.rm(self.path(key), recursive=True)
+        def remove() -> None:
+            if self._fs.exists(self.path(key)):
+                self._fs.rm(self.path(key), recursive=True)
+
+        if self.local:
+            remove()
+        else:
+            self._remote(remove, f"remove {key}")
+
+    # ---- remote trees ----
+
+    def _remote(self, call: Callable[[], T], what: str) -> T:
+        """``call`` on a remote store, ridden out while the store is away."""
+        return object_store.ride_out(
+            call, seconds=self._settings.ride_out_s, what=f"{self._where}: {what}"
+        )
+
+    def _replace_tree(self, local: Path, target: str) -> None:
+        """The tree at ``local`` as ``target``, whatever a failed try left
+        there. An object store has no directories, so every file is named
+        (a directory ``put`` into a prefix that a failed try left behind
+        would nest the tree one level down)."""
+        if self._fs.exists(target):
+            self._fs.rm(target, recursive=True)
+        if not self._objects:
+            self._fs.put(str(local), target, recursive=True)
+            return
+        files = sorted(p for p in local.rglob("*") if p.is_file())
+        self._fs.put(
+            [str(p) for p in files], [f"{target}/{p.relative_to(local).as_posix()}" for p in files]
+        )
+
+    def _get_tree(self, source: str, local: Path) -> bool:
+        """Copy ``source`` into ``local`` (replacing it); False when absent."""
+        self._fs.invalidate_cache(source)
+        if not self._fs.exists(source):
+            return False
+        shutil.rmtree(local, ignore_errors=True)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        if not self._objects:
+            self._fs.get(source, str(local), recursive=True)
+            return True
+        remote = sorted(str(p) for p in self._fs.find(source))
+        prefix = source.rstrip("/") + "/"
+        targets = [local / p[len(prefix) :] for p in remote if p.startswith(prefix)]
+        local.mkdir(parents=True, exist_ok=True)
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        self._fs.get([p for p in remote if p.startswith(prefix)], [str(t) for t in targets])
+        return True
 
 
 def local_path(uri: str) -> Path:

@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shared.artifacts import TORCH_EXPORT_FILE, digest, local_path
+from shared.artifacts import TORCH_EXPORT_FILE, ArtifactStore, digest, local_path
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import AistackError
+from shared.settings import ObjectStoreSettings
 
 #: What svc_trainer writes inside a torch.export artifact directory.
 TORCHSCRIPT_FILE = "model.pt"
@@ -81,8 +82,14 @@ def signature(specs: Sequence[models_pb2.TensorSpec]) -> tuple[TensorSig, ...]:
     return tuple(TensorSig(s.name, s.datatype, tuple(int(d) for d in s.shape)) for s in specs)
 
 
-def fetch(event: models_pb2.ModelReady, cache_dir: Path) -> Path:
+def fetch(
+    event: models_pb2.ModelReady,
+    cache_dir: Path,
+    object_store: ObjectStoreSettings | None = None,
+) -> Path:
     """A private copy of the event's artifact whose sha256 matches the event's.
+    ``object_store``: how to reach an ``s3://`` artifact (None: the
+    environment's settings, for a command or an executor).
 
     Raises ArtifactRejected (artifact_missing, checksum_mismatch)."""
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in event.model_name) or "_"
@@ -91,7 +98,7 @@ def fetch(event: models_pb2.ModelReady, cache_dir: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
     try:
-        _copy(event.artifact_uri, staging)
+        _copy(event.artifact_uri, staging, object_store)
     except (OSError, AistackError) as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise ArtifactRejected(
@@ -109,7 +116,7 @@ def fetch(event: models_pb2.ModelReady, cache_dir: Path) -> Path:
     return target
 
 
-def _copy(uri: str, destination: Path) -> None:
+def _copy(uri: str, destination: Path, settings: ObjectStoreSettings | None) -> None:
     if "://" not in uri or uri.startswith("file://"):
         source = local_path(uri)
         if source.is_dir():
@@ -120,12 +127,10 @@ def _copy(uri: str, destination: Path) -> None:
         else:
             raise FileNotFoundError(f"no such file or directory: {source}")
         return
-    import fsspec
-
-    filesystem, path = fsspec.core.url_to_fs(uri)
-    if not filesystem.exists(path):
+    root, _, key = uri.rstrip("/").rpartition("/")
+    store = ArtifactStore(root, settings or ObjectStoreSettings())
+    if not store.get_dir(key, destination):
         raise FileNotFoundError(f"no such artifact: {uri}")
-    filesystem.get(path, str(destination), recursive=True)
 
 
 def load(

@@ -9,6 +9,11 @@ distribution from them (``aistack.models``), and the lineage walk follows a
 model's training files back to the clean events under their windows
 (``stored_windows``). Problems with the store raise
 ``OfflineStoreError`` (reason ``bad_dataset``) with one line naming them.
+
+The store is a local directory or, named by a URL (``s3://bucket/prefix``,
+``s3a://`` as Spark writes it), on the object store that
+``ObjectStoreSettings`` describes (``shared.object_store``); its files are
+then named by URL too (``store_files``).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from shared import distribution
+from shared import distribution, object_store
 from shared.contracts.aistack.v1 import models_pb2
 from shared.errors import InvalidArgument
 from shared.feature_store import (
@@ -33,6 +38,10 @@ from shared.feature_store import (
     merge_source_column,
     online_field,
 )
+from shared.settings import ObjectStoreSettings
+
+#: A store's root: a local directory, or a URL (``s3://bucket/prefix``).
+Root = Path | str
 
 
 class OfflineStoreError(InvalidArgument):
@@ -61,12 +70,38 @@ def _arrow() -> tuple[Any, Any]:
     return pa, ds
 
 
-def open_store(root: Path) -> Any:
-    """The store under ``root`` as a pyarrow dataset with its partitions."""
+def is_url(root: Root) -> bool:
+    """Whether ``root`` names the store by URL (``s3://…``), not a local path."""
+    return isinstance(root, str) and bool(object_store.scheme(root))
+
+
+def open_store(root: Root, settings: ObjectStoreSettings | None = None) -> Any:
+    """The store under ``root`` as a pyarrow dataset with its partitions; a
+    URL's through ``settings`` (default: the environment's)."""
     try:
-        return _dataset(str(root))
+        if not is_url(root):
+            return _dataset(str(root))
+        filesystem, path = object_store.filesystem(str(root), settings or ObjectStoreSettings())
+        return _dataset(path, _arrow_filesystem(filesystem))
     except (OSError, ValueError) as exc:
         raise OfflineStoreError(f"cannot read the Parquet store {root}: {exc}") from exc
+
+
+def store_files(store: Any, root: Root, selected: Any = None) -> list[str]:
+    """The store's files (those of the ``selected`` partitions), sorted: local
+    paths, or URLs with ``root``'s scheme for a store named by URL."""
+    paths = sorted(str(fragment.path) for fragment in store.get_fragments(filter=selected))
+    if not is_url(root):
+        return paths
+    scheme = object_store.scheme(str(root))
+    return [f"{scheme}://{path}" for path in paths]
+
+
+def _arrow_filesystem(filesystem: Any) -> Any:
+    """An fsspec filesystem as pyarrow's."""
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    return PyFileSystem(FSSpecHandler(filesystem))
 
 
 def open_store_files(files: Sequence[str]) -> Any:
@@ -78,18 +113,20 @@ def open_store_files(files: Sequence[str]) -> Any:
         raise OfflineStoreError(f"cannot read the store's files: {exc}") from exc
 
 
-def _dataset(source: str | list[str]) -> Any:
+def _dataset(source: str | list[str], filesystem: Any = None) -> Any:
     pa, ds = _arrow()
     partitioning = ds.partitioning(
         pa.schema([(name, pa.type_for_alias(kind)) for name, kind in PARTITIONS]), flavor="hive"
     )
     # Spark writes timestamps as INT96 by default; microseconds is their precision.
     parquet = ds.ParquetFileFormat(read_options={"coerce_int96_timestamp_unit": "us"})
-    return ds.dataset(source, format=parquet, partitioning=partitioning)
+    # Files under "_" and "." are the writers' own (_SUCCESS, S3A's
+    # __magic_job-… of a commit in progress, .crc): pyarrow's default skips them.
+    return ds.dataset(source, format=parquet, partitioning=partitioning, filesystem=filesystem)
 
 
 def choose(
-    store: Any, metric: str, window: str, root: Path, *, named_in: str = ""
+    store: Any, metric: str, window: str, root: Root, *, named_in: str = ""
 ) -> tuple[str, str]:
     """(metric, window kind): the ones given ("" for any), which the store
     must hold, or the only one it holds. ``named_in``: where the caller's
@@ -114,7 +151,7 @@ def choose(
 _LAYOUT = "/".join(f"{name}=" for name in PARTITION_COLUMNS)
 
 
-def _pick(what: str, wanted: str, available: set[str], root: Path, named_in: str) -> str:
+def _pick(what: str, wanted: str, available: set[str], root: Root, named_in: str) -> str:
     known = ", ".join(sorted(available))
     if wanted:
         if wanted not in available:
@@ -347,19 +384,22 @@ def _float64(column: Any) -> NDArray[np.float64]:
 
 
 def training_distribution(
-    root: Path, feature: str, bounds: tuple[int | None, int | None] = (None, None)
+    root: Root,
+    feature: str,
+    bounds: tuple[int | None, int | None] = (None, None),
+    settings: ObjectStoreSettings | None = None,
 ) -> models_pb2.TrainingDistribution:
-    """The distribution of ``feature``'s windows in the store (a field
-    ``metric@window``, e.g. ``temperature@tumbling-60s``), those starting
-    within ``bounds`` (µs, inclusive; None: open): the reference a model that
-    read them is watched against. OfflineStoreError for another field, or
-    no such windows."""
+    """The distribution of ``feature``'s windows in the store at ``root`` (a
+    URL's through ``settings``, as ``open_store``) (a field ``metric@window``,
+    e.g. ``temperature@tumbling-60s``), those starting within ``bounds`` (µs,
+    inclusive; None: open): the reference a model that read them is watched
+    against. OfflineStoreError for another field, or no such windows."""
     metric, _, window = feature.rpartition("@")
     if not metric or not window or "|" in metric:
         raise OfflineStoreError(
             f"feature {feature!r}: expected metric@window, e.g. temperature@tumbling-60s"
         )
-    store = open_store(root)
+    store = open_store(root, settings)
     choose(store, metric, window, root)
     windows = latest_windows(store, selection(metric, window), f"{root} ({feature})", bounds)
     if not len(windows.start_us):

@@ -268,6 +268,47 @@ class RedisSettings(BaseSettings):
         return value
 
 
+class ObjectStoreSettings(BaseSettings):
+    """How every service reaches the S3-compatible object store its ``s3://``
+    (fsspec's s3fs) and ``s3a://`` (Hadoop's S3A, in Spark) URLs name: AWS
+    S3, MinIO, Ceph, GCS through its S3 interoperability, or the local
+    stack's own (``aistack infra up --object-store``)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AISTACK_OBJECT_STORE_", frozen=True, extra="ignore"
+    )
+
+    # http(s)://host:port of a store that is not AWS S3; empty: AWS S3's own
+    # endpoint for the region.
+    endpoint: str = ""
+    region: str = Field(default="us-east-1", min_length=1)
+    # Buckets as paths (http://host/bucket/key), as MinIO and most
+    # self-hosted stores need; False: AWS's virtual-host names.
+    path_style: bool = False
+    # Empty: the SDKs' own chain (AWS_* variables, ~/.aws, an instance role).
+    access_key_id: str = ""
+    secret_access_key: SecretStr | None = None
+    # How long a read or write waits for a store that is away (connection
+    # refused, reset, timed out) before it fails, retryable, naming the store.
+    ride_out_s: float = Field(default=30.0, ge=0, le=3600)
+
+    @field_validator("endpoint")
+    @classmethod
+    def _check_endpoint(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _check_credentials(self) -> ObjectStoreSettings:
+        if bool(self.access_key_id) != (self.secret_access_key is not None):
+            raise ValueError(
+                "set both AISTACK_OBJECT_STORE_ACCESS_KEY_ID and "
+                "AISTACK_OBJECT_STORE_SECRET_ACCESS_KEY, or neither"
+            )
+        return self
+
+
 # local, local[4], local[*], local[4,2] (retries), spark://h:p[,h:p], k8s://…, yarn.
 _MASTER = re.compile(
     r"^(local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?"
@@ -328,6 +369,7 @@ class ServiceSettings(BaseSettings):
     common: CommonSettings = Field(default_factory=CommonSettings)
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     redis: RedisSettings = Field(default_factory=RedisSettings)
+    object_store: ObjectStoreSettings = Field(default_factory=ObjectStoreSettings)
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)

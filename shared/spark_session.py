@@ -1,9 +1,10 @@
 """A SparkSession as every aistack Spark job starts one: the master and
 sizing from ``SparkSettings``, the caller's jars, UTC session time.
 
-svc_transform adds its Kafka connector and JVM functions; svc_score needs no
-jars. The jars are local files (``spark.jars``), so a job starts without
-network.
+svc_transform adds its Kafka connector and JVM functions, and Hadoop's S3A
+connector where it reads and writes the object store (``object_store``:
+``shared.object_store.hadoop_options``); svc_score needs no jars. The jars
+are local files (``spark.jars``), so a job starts without network.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared.errors import FailedPrecondition
-from shared.settings import SparkSettings
+from shared.object_store import hadoop_options
+from shared.settings import ObjectStoreSettings, SparkSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -29,11 +31,14 @@ def session(
     *,
     work_dir: os.PathLike[str],
     jars: Sequence[Path] = (),
+    object_store: ObjectStoreSettings | None = None,
 ) -> SparkSession:
     """Start (or join) the session: ``jars`` on its classpath, shuffle
-    partitions sized to the cores, UTC session time. The driver's JVM runs in
-    ``work_dir``. Raises FailedPrecondition when this process already runs a
-    session on another master."""
+    partitions sized to the cores, UTC session time; with ``object_store``,
+    ``s3a://`` on that store and its committers (the S3A connector must be
+    among ``jars``), under ``spark.conf``, which wins. The driver's JVM runs
+    in ``work_dir``. Raises FailedPrecondition when this process already runs
+    a session on another master."""
     from pyspark.sql import SparkSession
 
     if spark.is_local():
@@ -53,7 +58,8 @@ def session(
     )
     if jars:
         builder = builder.config("spark.jars", ",".join(str(jar) for jar in jars))
-    for key, value in spark.conf.items():
+    conf = {**(hadoop_options(object_store) if object_store else {}), **spark.conf}
+    for key, value in conf.items():
         builder = builder.config(key, value)
     # py4j logs every connection at INFO, down to interpreter exit.
     logging.getLogger("py4j").setLevel(logging.WARNING)

@@ -35,8 +35,8 @@ class Loader:
         """Fetch, verify and load (blocking: call it from a thread).
         Raises ArtifactRejected, InvalidArgument (a bad version string)."""
         number = version_number(event.version)
-        directory = model_loading.fetch(event, self._cache)
         settings = self._settings
+        directory = model_loading.fetch(event, self._cache, settings.object_store)
         name = event.model_name
         # Each version runs on threads of its own, always the same ones, and
         # so does all its framework work (load, trace, checks): torch and

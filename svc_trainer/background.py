@@ -5,8 +5,9 @@
   trial starts. One thread, in submission order: offsets are committed in
   the order the trials were taken, so a commit never passes a trial whose
   reports are not yet out.
-- ``Uploads``: a remote artifact store gets each epoch's checkpoint in the
-  background; a newer checkpoint of the same trial replaces one not yet sent.
+- ``Uploads``: a remote artifact store gets each epoch's checkpoint (and a
+  remote TensorBoard directory each epoch's run) in the background; a newer
+  snapshot of the same key replaces one not yet sent.
 """
 
 from __future__ import annotations
@@ -74,15 +75,22 @@ class InOrder:
 
 
 class Uploads:
-    """Checkpoint directories into the artifact store (``put_checkpoint``), on
-    a thread of its own.
+    """Directories into a remote store, on a thread of its own: checkpoints
+    (``put_checkpoint``, the default) or runs (``put=store.mirror_dir``).
 
     ``submit`` takes a snapshot of the directory at once (hard links: a
-    runner replaces checkpoint files, never rewrites them in place) and
-    returns; the newest snapshot per key is uploaded."""
+    runner replaces checkpoint files, never rewrites them in place; a
+    TensorBoard writer appends, and its reader skips a last record cut
+    short) and returns; the newest snapshot per key is uploaded."""
 
-    def __init__(self, store: ArtifactStore, scratch: Path) -> None:
+    def __init__(
+        self,
+        store: ArtifactStore,
+        scratch: Path,
+        put: Callable[[Path, str], object] | None = None,
+    ) -> None:
         self._store = store
+        self._put = put or store.put_checkpoint
         self._scratch = scratch
         self._pending: OrderedDict[str, Path] = OrderedDict()
         self._busy = False
@@ -133,9 +141,9 @@ class Uploads:
                 key, snapshot = self._pending.popitem(last=False)
                 self._busy = True
             try:
-                self._store.put_checkpoint(snapshot, key)
+                self._put(snapshot, key)
             except Exception as exc:  # the next epoch's upload tries again
-                log.warning("checkpoint.upload_failed", key=key, error=str(exc))
+                log.warning("upload.failed", key=key, error=str(exc))
             finally:
                 shutil.rmtree(snapshot, ignore_errors=True)
                 with self._lock:

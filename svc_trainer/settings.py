@@ -153,8 +153,9 @@ class TrainerSettings(ServiceSettings):
     def artifact_location(self) -> str:
         return self.artifact_root or str(self.common.state_dir / "artifacts")
 
-    def tensorboard_location(self) -> Path:
-        return Path(self.tensorboard_dir or self.common.state_dir / "tensorboard")
+    def tensorboard_location(self) -> str:
+        """A directory, or a URL (``s3://…``) the runs are mirrored to."""
+        return self.tensorboard_dir or str(self.common.state_dir / "tensorboard")
 
     def work_dir(self) -> Path:
         """This replica's own directory: exports, uploads, code packages."""

@@ -3,7 +3,12 @@
 Written by the worker from what the run reports, so PyTorch and TensorFlow
 trials log the same way (and the worker never imports TensorFlow for it).
 Open with ``tensorboard --logdir <AISTACK_TRAINER_TENSORBOARD_DIR>/<study>``:
-the HPARAMS tab lists every trial with its parameters and metrics.
+the HPARAMS tab lists every trial with its parameters and metrics. Where
+that is a URL (``s3://…``), the run is written locally and ``mirror`` sends
+it there after each epoch and at the end; ``python -m svc_trainer.tensorboard
+--logdir s3://… --load_fast=false`` is TensorBoard reading it there (its own
+S3 reader, boto3's, configured by ``shared.object_store.boto3_env``: the
+TensorFlow build installed beside it reads no ``s3://``).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 # TensorBoard's writers reach the filesystem through ``tensorboard.compat.tf``,
@@ -34,9 +39,11 @@ class TrialBoard:
         trial_id: str,
         params: Mapping[str, ParamScalar],
         metrics: tuple[str, ...],
+        mirror: Callable[[Path], None] | None = None,
     ) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = run_dir
+        self._mirror = mirror
         self._writer = EventFileWriter(str(run_dir))
         config = hparams.hparams_config_pb(
             hparams=[hparams.HParam(name) for name in sorted(params)],
@@ -53,9 +60,19 @@ class TrialBoard:
         ]
         self._write(summary_pb2.Summary(value=values), step=step)
         self._writer.flush()
+        if self._mirror is not None:
+            self._mirror(self.run_dir)
 
     def close(self) -> None:
         self._writer.close()
+        if self._mirror is not None:
+            self._mirror(self.run_dir)
 
     def _write(self, summary: summary_pb2.Summary, step: int) -> None:
         self._writer.add_event(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+
+
+if __name__ == "__main__":
+    from tensorboard.main import run_main
+
+    run_main()

@@ -44,6 +44,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import shutil
 import threading
@@ -51,6 +52,7 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
+from shared import object_store
 from shared.artifacts import ArtifactStore
 from shared.bus.consumer import BusConsumer, BusTail, Record
 from shared.bus.loop import DeadLetters, Publisher
@@ -112,7 +114,7 @@ class Worker:
         self._metrics = metrics
         self._executors = executors
         self._trainer_id = settings.replica_id()
-        self._store = ArtifactStore(settings.artifact_location())
+        self._store = ArtifactStore(settings.artifact_location(), settings.object_store)
         self._work = settings.work_dir()
         self._running: Running | None = None
         self._controls: OrderedDict[str, StopReason] = OrderedDict()
@@ -130,6 +132,11 @@ class Worker:
             ),
         )
         self._uploads = None if self._store.local else Uploads(self._store, self._work / "uploads")
+        # A remote TensorBoard directory: each run written here, then mirrored.
+        self._boards: Uploads | None = None
+        if object_store.scheme(settings.tensorboard_location()):
+            boards = ArtifactStore(settings.tensorboard_location(), settings.object_store)
+            self._boards = Uploads(boards, self._work / "board-uploads", put=boards.mirror_dir)
         self._next_memory_check = 0.0
 
     @property
@@ -174,9 +181,10 @@ class Worker:
             if not self._reporter.drain(HAND_BACK_SECONDS):
                 log.error("trainer.endings_not_drained", pending=self._reporter.pending)
             self._reporter.close()
-            if self._uploads is not None:
-                self._uploads.drain(HAND_BACK_SECONDS)
-                self._uploads.close()
+            for uploads in (self._uploads, self._boards):
+                if uploads is not None:
+                    uploads.drain(HAND_BACK_SECONDS)
+                    uploads.close()
             self._executors.close()
             consumer.close()
             control.close()
@@ -215,7 +223,13 @@ class Worker:
         export_dir = self._work / "export" / f"{key}-{request.attempt}"
         shutil.rmtree(export_dir, ignore_errors=True)
         settings = self._settings
-        run_dir = settings.tensorboard_location() / key.replace("/", "/trial-", 1)
+        run_key = key.replace("/", "/trial-", 1)
+        if self._boards is None:
+            run_dir = Path(settings.tensorboard_location()) / run_key
+            mirror = None
+        else:
+            run_dir = self._work / "tensorboard" / run_key
+            mirror = functools.partial(self._boards.submit, key=run_key)
         try:
             spec = trials.run_spec(
                 request,
@@ -264,7 +278,9 @@ class Worker:
             request=request,
             job=job,
             executor=executor,
-            board=TrialBoard(run_dir, request.trial_id, params, _board_metrics(request)),
+            board=TrialBoard(
+                run_dir, request.trial_id, params, _board_metrics(request), mirror=mirror
+            ),
             checkpoint_dir=checkpoint_dir,
             checkpoint_key=checkpoint_key,
             export_dir=export_dir,

@@ -48,6 +48,7 @@ class TransformApp:
             "svc_transform",
             cache_dir=settings.common.cache_dir,
             work_dir=settings.common.state_dir / "spark",
+            object_store=settings.object_store,
         )
         return cls(settings=settings, spark=spark)
 

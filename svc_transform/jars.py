@@ -1,5 +1,6 @@
 """The jars svc_transform's Spark session loads: Spark's Kafka connector and
-protobuf-java (fetched from Maven Central once) and svc_transform's own JVM
+protobuf-java (fetched from Maven Central once), Hadoop's S3A connector with
+Spark's cloud committers (``shared.hadoop_s3a``) and svc_transform's own JVM
 functions (``jvm/``, compiled once), all in the cache directory.
 
 ``spark.jars`` then points at local files, so a job starts without network
@@ -20,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import maven
+from shared import hadoop_s3a, maven
 from shared.errors import AistackError, ConfigError
 from shared.settings import CommonSettings, load_settings
 
@@ -74,11 +75,18 @@ def build(cache_dir: Path) -> Built:
 
 def session_jars(cache_dir: Path) -> list[Path]:
     """Every jar for ``spark.jars``, built first when missing."""
-    return [*ensure_connector_jars(cache_dir), ensure_functions_jar(cache_dir)]
+    return [
+        *ensure_connector_jars(cache_dir),
+        *hadoop_s3a.ensure_jars(cache_dir),
+        ensure_functions_jar(cache_dir),
+    ]
 
 
 def connectors_home(cache_dir: Path) -> Path:
-    return cache_dir / f"spark-connectors_{SCALA_BINARY_VERSION}-{SPARK_VERSION}"
+    """Named after the pom's digest too: a copy is complete once fetched
+    (``maven.is_fetched``), so a changed pom must name another."""
+    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
+    return cache_dir / f"spark-connectors_{SCALA_BINARY_VERSION}-{SPARK_VERSION}-{digest}"
 
 
 def is_fetched(cache_dir: Path) -> bool:

@@ -26,6 +26,7 @@ from pyspark.sql.streaming.listener import StreamingQueryListener
 from shared.bus.deadletter import ERROR_HEADER, SOURCE_HEADER
 from shared.bus.lag import ConsumerLag, behind
 from shared.log import get_logger
+from shared.object_store import checkpoint_options, hadoop_url
 from svc_transform.functions import CLEAN_EVENT_ERROR, ENCODE_DEAD_LETTER
 from svc_transform.metrics import TransformMetrics
 from svc_transform.sinks import (
@@ -144,7 +145,11 @@ class Job:
 
 
 def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMetrics) -> Job:
-    checkpoint = settings.checkpoint_path().rstrip("/")
+    # Hadoop's name for an object on the store (s3a://), as Spark reads it.
+    checkpoint = hadoop_url(settings.checkpoint_path()).rstrip("/")
+    for key, value in checkpoint_options(checkpoint).items():
+        # Read as each query starts; every query's checkpoint is under this one.
+        spark.conf.set(key, value)
     trigger = f"{settings.trigger_seconds} seconds"
     spark.streams.addListener(ProgressListener(metrics))
     job = Job(spark)
@@ -165,7 +170,7 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
         kafka=settings.kafka,
         redis=settings.redis,
         features_topic=settings.features_topic,
-        offline_path=settings.offline_path(),
+        offline_path=hadoop_url(settings.offline_path()),
         online_key_prefix=settings.online_key_prefix,
         online_ttl_seconds=settings.online_ttl_seconds,
         driver_max_windows=settings.driver_write_max_windows,

@@ -5,7 +5,13 @@ Each micro-batch of a window query goes to all three (``WindowSink``). A batch
 Spark runs again after a restart has the same id and the same rows, so:
 
 * Parquet: the batch's rows replace its own partition (``batch=<id>`` under
-  date, metric and window kind), never anyone else's: no row twice.
+  date, metric and window kind), never anyone else's: no row twice. On a
+  local filesystem Spark's dynamic partition overwrite does it (a rename
+  into place). On the object store (``s3a://``) S3A's magic committer
+  writes without rename and cannot overwrite by partition: the batch's
+  files are appended, and before a batch that may have been written already
+  (the first a sink runs: Spark runs an unfinished batch again only after a
+  restart) the partitions it writes are deleted first.
 * Redis: a window only replaces an older one (compared by window end).
 * Kafka: at least once; the record key is the entity and ``ce_id`` the
   window key, by which consumers drop repeats.
@@ -40,6 +46,7 @@ from shared.feature_store import (
     open_field,
 )
 from shared.log import get_logger
+from shared.object_store import is_object_url
 from shared.redis_client import REDIS_RIDE_OUT_SECONDS, make_redis
 from shared.settings import KafkaSettings, RedisSettings
 from svc_transform.windows import feature_window_bytes
@@ -136,6 +143,8 @@ class WindowSink:
         self._redis = redis
         self._topic = features_topic
         self._offline_path = offline_path
+        # On the object store: the last batch this sink wrote (None: none yet).
+        self._appended: int | None = None
         self._prefix = online_key_prefix
         self._ttl = online_ttl_seconds
         self._kafka = kafka
@@ -228,14 +237,21 @@ class WindowSink:
         )
 
     def to_parquet(self, batch: DataFrame, batch_id: int) -> None:
-        (
-            batch.withColumn("batch", F.lit(batch_id).cast("long"))
-            .select(*OFFLINE_COLUMNS, *PARTITION_COLUMNS)
-            .write.mode("overwrite")
-            .option("partitionOverwriteMode", "dynamic")
-            .partitionBy(*PARTITION_COLUMNS)
-            .parquet(self._offline_path)
+        rows = batch.withColumn("batch", F.lit(batch_id).cast("long")).select(
+            *OFFLINE_COLUMNS, *PARTITION_COLUMNS
         )
+        if not is_object_url(self._offline_path):
+            (
+                rows.write.mode("overwrite")
+                .option("partitionOverwriteMode", "dynamic")
+                .partitionBy(*PARTITION_COLUMNS)
+                .parquet(self._offline_path)
+            )
+            return
+        if self._appended is None or batch_id <= self._appended:
+            _delete_partitions(rows, self._offline_path)
+        rows.write.mode("append").partitionBy(*PARTITION_COLUMNS).parquet(self._offline_path)
+        self._appended = batch_id
 
     def to_redis(self, batch: DataFrame) -> None:
         settings, prefix, ttl = self._redis, self._prefix, self._ttl
@@ -244,6 +260,26 @@ class WindowSink:
             _write_online(rows, settings, prefix, ttl)
 
         batch.select(*_online_columns()).foreachPartition(write)
+
+
+def _delete_partitions(rows: DataFrame, root: str) -> None:
+    """Delete the partitions under ``root`` that ``rows`` (with all of
+    ``PARTITION_COLUMNS``) would write to, through Spark's own Hadoop
+    filesystem and its names for partition values."""
+    spark = rows.sparkSession
+    jvm = spark._jvm
+    assert jvm is not None
+    names = jvm.org.apache.spark.sql.catalyst.catalog.ExternalCatalogUtils
+    hadoop = jvm.org.apache.hadoop.fs
+    base = hadoop.Path(root)
+    filesystem = base.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
+    for values in rows.select(*PARTITION_COLUMNS).distinct().collect():
+        relative = "/".join(
+            names.getPartitionPathString(name, str(value))
+            for name, value in zip(PARTITION_COLUMNS, values, strict=True)
+        )
+        if filesystem.delete(hadoop.Path(base, relative), True):
+            log.info("parquet.replaced", partition=relative)
 
 
 def _online_columns() -> list[Column | str]:

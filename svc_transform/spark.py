@@ -1,5 +1,6 @@
 """svc_transform's SparkSession: the shared session with its own jars (the
-Kafka connector, protobuf-java, its JVM functions) and functions registered."""
+Kafka connector, protobuf-java, the S3A connector, its JVM functions) and
+functions registered."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shared import spark_session
-from shared.settings import SparkSettings
+from shared.settings import ObjectStoreSettings, SparkSettings
 from svc_transform import class_archive as archive
 from svc_transform import jars
 
@@ -23,10 +24,12 @@ def session(
     cache_dir: os.PathLike[str],
     work_dir: os.PathLike[str],
     class_archive: bool = True,
+    object_store: ObjectStoreSettings | None = None,
 ) -> SparkSession:
-    """Start (or join) the session with the connector and our functions from
+    """Start (or join) the session with the connectors and our functions from
     the local cache (no network at start-up), its driver JVM mapping the
-    class archive where ``make setup`` built one."""
+    class archive where ``make setup`` built one; with ``object_store``,
+    ``s3a://`` reaches that store (``shared.spark_session.session``)."""
     from svc_transform import functions
 
     cache = Path(cache_dir)
@@ -37,7 +40,11 @@ def session(
     if class_archive:
         conf = archive.session_conf(conf, cache, jars.ensure_functions_jar(cache))
     started = spark_session.session(
-        spark.model_copy(update={"conf": conf}), app_name, work_dir=work_dir, jars=session_jars
+        spark.model_copy(update={"conf": conf}),
+        app_name,
+        work_dir=work_dir,
+        jars=session_jars,
+        object_store=object_store,
     )
     functions.register(started)
     return started

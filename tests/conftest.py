@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tests.infra import Infra, provide_infra
+from tests.object_store import LocalObjectStore
 
 # TensorFlow and Triton (torch.export's compiler) each carry an LLVM; loaded
 # in that order into one process they abort ("Option ... registered more than
@@ -22,6 +23,16 @@ def infra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Infra]:
     """The real Kafka and Redis every integration test talks to."""
     with provide_infra(tmp_path_factory.mktemp("aistack-state")) as provided:
         yield provided
+
+
+@pytest.fixture(scope="session")
+def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalObjectStore]:
+    """The real S3-compatible object store (S3Proxy over HTTP) the tests
+    share; each test writes under its own keys (``unique``)."""
+    store = LocalObjectStore(tmp_path_factory.mktemp("object-store"))
+    store.start()
+    yield store
+    store.stop()
 
 
 @pytest.fixture

@@ -248,11 +248,12 @@ def _local(artifact: str, scratch: Path) -> Path:
         from shared.artifacts import local_path
 
         return local_path(artifact)
-    import fsspec
+    from shared.artifacts import ArtifactStore
 
-    filesystem, path = fsspec.core.url_to_fs(artifact)
-    target = scratch / Path(path.rstrip("/")).name
-    filesystem.get(path, str(target), recursive=True)
+    root, _, key = artifact.rstrip("/").rpartition("/")
+    target = scratch / key
+    if not ArtifactStore(root).get_dir(key, target):
+        raise InvalidArgument(f"no artifact at {artifact}")
     return target
 
 

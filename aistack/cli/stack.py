@@ -26,14 +26,25 @@ BROKERS_HELP = (
 
 Brokers = Annotated[int | None, typer.Option(min=1, max=9, help=BROKERS_HELP)]
 Secure = Annotated[bool, typer.Option("--secure", help=SECURE_HELP)]
+ObjectStore = Annotated[
+    bool,
+    typer.Option(
+        "--object-store",
+        help="also an S3-compatible object store (S3Proxy) with the bucket "
+        "'aistack'; later commands in this state directory run it too",
+    ),
+]
 
 infra = typer.Typer(help="The local Kafka (KRaft) and Redis servers.", no_args_is_help=True)
 
 
 @infra.command("up")
-def infra_up(brokers: Brokers = None, secure: Secure = False) -> int:
-    """Start Kafka and Redis; print what a service started by hand needs."""
-    return _infra("up", brokers, secure)
+def infra_up(
+    brokers: Brokers = None, secure: Secure = False, object_store: ObjectStore = False
+) -> int:
+    """Start Kafka and Redis (and the object store); print what a service
+    started by hand needs."""
+    return _infra("up", brokers, secure, object_store)
 
 
 @infra.command("down")
@@ -54,18 +65,26 @@ def infra_fetch() -> int:
     return _infra("fetch")
 
 
-def _infra(action: str, brokers: int | None = None, secure: bool = False) -> int:
+def _infra(
+    action: str, brokers: int | None = None, secure: bool = False, object_store: bool = False
+) -> int:
     from compose import kafka_dist
+    from compose import object_store as object_store_dist
     from compose.local import LocalStack
     from compose.settings import InfraSettings, apply_infra_flags
+    from shared import hadoop_s3a
     from svc_transform import jars as transform_jars
 
-    apply_infra_flags(brokers, secure)
+    apply_infra_flags(brokers, secure, object_store)
     settings = load_settings(InfraSettings)
     if action == "fetch":
         cache = settings.common.cache_dir
         home = kafka_dist.ensure_kafka_jars(cache)
         print(f"kafka {kafka_dist.KAFKA_VERSION} jars in {home / 'libs'}")
+        home = object_store_dist.ensure_jars(cache)
+        print(f"s3proxy {object_store_dist.S3PROXY_VERSION} jars in {home / 'libs'}")
+        s3a = hadoop_s3a.ensure_jars(cache)
+        print(f"hadoop {hadoop_s3a.HADOOP_VERSION} S3A: {len(s3a)} jars in {s3a[0].parent}")
         # svc_transform's own build: its Spark connectors and JVM functions.
         for line in transform_jars.build(cache).describe():
             print(line)
@@ -82,6 +101,13 @@ def _infra(action: str, brokers: int | None = None, secure: bool = False) -> int
         # What a service started by hand needs to use this Kafka as `aistack up` does.
         exports = {"AISTACK_KAFKA_BOOTSTRAP": stack.kafka_bootstrap, **stack.topic_defaults()}
         print("services: " + " ".join(f"{key}={value}" for key, value in exports.items()))
+        if stack.object_store is not None:
+            secret = stack.object_store_server.directory / "credentials.json"
+            print(
+                f"object store: {stack.object_store.address}, bucket "
+                f"s3://{object_store_dist.BUCKET}, path-style, key "
+                f"{object_store_dist.ACCESS_KEY_ID} (its secret in {secret})"
+            )
         if stack.secure:
             print(
                 f"secure: CA {stack.material.ca_cert}, passwords (one per principal) in "
@@ -101,7 +127,7 @@ def _print_infra(statuses: list[ServerStatus]) -> None:
         "infra",
         ("server", "state", "address", "log"),
         rows,
-        [f"{name:<7} {state:<22} {address:<28} log: {log}" for name, state, address, log in rows],
+        [f"{name:<12} {state:<22} {address:<28} log: {log}" for name, state, address, log in rows],
     )
 
 

@@ -30,7 +30,7 @@ from google.protobuf import json_format
 from numpy.lib.stride_tricks import sliding_window_view
 from numpy.typing import NDArray
 
-from shared import offline_store
+from shared import object_store, offline_store
 from shared.contracts.aistack.v1 import models_pb2
 from shared.distribution import training_distribution
 from shared.feature_store import (
@@ -41,6 +41,7 @@ from shared.feature_store import (
     online_field,
 )
 from shared.offline_store import Windows
+from shared.settings import ObjectStoreSettings
 from svc_trainer.data.options import BAD_DATASET, VERSION_CHARS, int_option
 from svc_trainer.plan import TASK_REGRESSION, DataSplits, TrialError
 
@@ -93,8 +94,9 @@ def _load(options: Mapping[str, str], features_path: str, catch_up_seconds: floa
             'dataset "features" needs options["path"] or the offline store path',
             reason=BAD_DATASET,
         )
-    root = Path(root_text)
-    if not root.is_dir():
+    # A URL (s3://bucket/prefix) names a store on the object store.
+    root: offline_store.Root = root_text if offline_store.is_url(root_text) else Path(root_text)
+    if isinstance(root, Path) and not root.is_dir():
         raise TrialError(f"offline feature store {root} does not exist", reason=BAD_DATASET)
     store = offline_store.open_store(root)
     metric, window = offline_store.choose(
@@ -123,7 +125,7 @@ def _load(options: Mapping[str, str], features_path: str, catch_up_seconds: floa
             reason=BAD_DATASET,
         )
     train, val, test = chronological_split(windows.start_us[targets])
-    files = sorted(str(fragment.path) for fragment in store.get_fragments(filter=selected))
+    files = offline_store.store_files(store, root, selected)
     selection = f"{metric}|{window}|{lags}"
     if label != "mean":
         # The default keeps the versions it had before labels existed.
@@ -214,7 +216,9 @@ def _training_distribution(
     )
 
 
-def _caught_up(root: Path, store: Any, selected: Any, until_us: int, seconds: float) -> Any:
+def _caught_up(
+    root: offline_store.Root, store: Any, selected: Any, until_us: int, seconds: float
+) -> Any:
     """The store, read again until a selected window starts at or after
     ``until_us``; TrialError when none does within ``seconds``."""
     deadline = time.monotonic() + seconds
@@ -296,12 +300,29 @@ def _cut_before_ties(times: NDArray[np.int64], cut: int) -> int:
     return int(np.searchsorted(times, times[cut], side="left"))
 
 
-def _digest_files(root: Path, files: Sequence[str], selection: str) -> str:
+def _digest_files(root: offline_store.Root, files: Sequence[str], selection: str) -> str:
     """Changes when a selected file is added, removed, resized or rewritten, or
     the selection (metric, window, lags, window bounds) changes."""
     digest = hashlib.sha256(selection.encode())
+    if isinstance(root, str):
+        stamps = _object_stamps(root)
+        for name in files:
+            key = name.removeprefix(root.rstrip("/") + "/")
+            digest.update(f"\n{key}|{stamps.get(name, '')}".encode())
+        return digest.hexdigest()[:VERSION_CHARS]
     for name in files:
         stat = Path(name).stat()
         relative = Path(name).relative_to(root) if Path(name).is_relative_to(root) else name
         digest.update(f"\n{relative}|{stat.st_size}|{stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:VERSION_CHARS]
+
+
+def _object_stamps(root: str) -> dict[str, str]:
+    """Each object's size and ETag under the store's URL ``root``, by URL,
+    from one listing (not a request per file)."""
+    fs, path = object_store.filesystem(root, ObjectStoreSettings())
+    scheme = object_store.scheme(root)
+    return {
+        f"{scheme}://{name}": f"{info.get('size')}|{info.get('ETag') or info.get('LastModified')}"
+        for name, info in fs.find(path, detail=True).items()
+    }

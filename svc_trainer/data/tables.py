@@ -166,11 +166,14 @@ def fingerprint(path: str) -> str:
 def _locate(path: str) -> tuple[Any, str, list[str]]:
     """(fsspec filesystem, path on it, the files when ``path`` is a glob or
     a directory): the URL's filesystem, the local one for a path."""
-    import fsspec
+    from shared import object_store
+    from shared.errors import FailedPrecondition
+    from shared.settings import ObjectStoreSettings
 
     try:
-        fs, located = fsspec.core.url_to_fs(path)
-    except (ImportError, ValueError) as exc:
+        # A trial's process: the trainer's settings reach it as its environment.
+        fs, located = object_store.filesystem(path, ObjectStoreSettings())
+    except FailedPrecondition as exc:
         raise TrialError(f"table {path}: {exc}", reason=BAD_DATASET) from exc
     if any(c in located for c in "*?["):
         listed = sorted(str(p) for p in fs.glob(located))

@@ -93,11 +93,17 @@ def _read(uri: str) -> bytes:
             from shared.artifacts import local_path
 
             return local_path(uri).read_bytes()
-        import fsspec
+        from shared import object_store
+        from shared.settings import ObjectStoreSettings
 
-        with fsspec.open(uri, "rb") as handle:
-            data: bytes = handle.read()
-            return data
+        # A trial's process: the trainer's settings reach it as its environment.
+        filesystem, path = object_store.filesystem(uri, ObjectStoreSettings())
+        data: bytes = object_store.ride_out(
+            lambda: filesystem.cat_file(path),
+            seconds=ObjectStoreSettings().ride_out_s,
+            what=f"code package {uri}",
+        )
+        return data
     except (OSError, ValueError) as exc:
         raise TrialError(
             f"the code package at {uri} cannot be read: {exc}",

@@ -98,3 +98,48 @@ def test_cli_names_a_bad_setting(tmp_path: Path) -> None:
         result.stderr.strip().splitlines() == [result.stderr.strip()]
         and "AISTACK_INFRA_REDIS_PORT" in result.stderr
     )
+
+
+def test_infra_up_with_an_object_store_serves_its_bucket_until_down(tmp_path: Path) -> None:
+    """``aistack infra up --object-store``: S3Proxy beside Kafka and Redis,
+    its bucket created, reached with the key it prints; later commands in
+    the state directory (status, down) include it without the flag."""
+    import os
+
+    from compose.object_store import BUCKET, ObjectStoreServer
+    from shared import object_store
+
+    kafka_port, controller_port, redis_port, store_port = free_ports(4)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AISTACK_")},
+        "AISTACK_STATE_DIR": str(tmp_path),
+        "AISTACK_INFRA_KAFKA_PORT": str(kafka_port),
+        "AISTACK_INFRA_KAFKA_CONTROLLER_PORT": str(controller_port),
+        "AISTACK_INFRA_REDIS_PORT": str(redis_port),
+        "AISTACK_INFRA_OBJECT_STORE_PORT": str(store_port),
+    }
+
+    def aistack(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "aistack.cli", "infra", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=180,
+        )
+
+    up = aistack("up", "--object-store")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"object store: http://127.0.0.1:{store_port}, bucket s3://{BUCKET}" in up.stdout
+        server = ObjectStoreServer(tmp_path / "infra" / "object-store", "127.0.0.1", store_port)
+        fs = object_store.s3_filesystem(server.settings())
+        fs.pipe_file(f"{BUCKET}/hello.txt", b"hello")
+        assert fs.cat_file(f"{BUCKET}/hello.txt") == b"hello"
+        status = aistack("status")
+        assert status.returncode == 0 and "object-store" in status.stdout, status.stdout
+    finally:
+        down = aistack("down")
+    assert down.returncode == 0, down.stderr
+    assert "object-store" in down.stdout and "running" not in down.stdout

@@ -14,14 +14,15 @@ import pytest
 from shared.artifacts import ArtifactStore, digest, local_path
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, models_pb2, tuning_pb2
+from shared.object_store import filesystem
 from tests.infra import Infra, read_topic
-from tests.integration.ftp_store import ftp_store
 from tests.integration.trainer_service import (
     Stack,
     model_ready,
     publish,
     trial_request,
 )
+from tests.object_store import LocalObjectStore
 
 TF = common_pb2.FRAMEWORK_TENSORFLOW
 TORCH = common_pb2.FRAMEWORK_TORCH
@@ -212,7 +213,7 @@ def _wait_for_step(stack: Stack, trial_id: str, trainer: str, step: int) -> None
     raise AssertionError(f"{trainer} never reached step {step}:\n{stack.logs()}")
 
 
-def _uploaded_epoch(store: str, request: tuning_pb2.TrialRequested, scratch: Path) -> int:
+def _uploaded_epoch(store: ArtifactStore, request: tuning_pb2.TrialRequested, scratch: Path) -> int:
     """The epoch of the trial's checkpoint in the remote store (0: none yet)."""
     import torch
 
@@ -220,32 +221,39 @@ def _uploaded_epoch(store: str, request: tuning_pb2.TrialRequested, scratch: Pat
     from svc_trainer.backends.torch import loop as torch_loop
 
     key = f"checkpoints/{trials.trial_key(request)}"
-    if not ArtifactStore(store).get_checkpoint(key, scratch):
+    if not store.get_checkpoint(key, scratch):
         return 0
     saved = torch.load(scratch / torch_loop.CHECKPOINT_FILE, weights_only=True)
     return int(saved["epoch"])
 
 
-def test_a_killed_trainer_s_trial_resumes_elsewhere_from_its_checkpoint(
-    stack: Stack, tmp_path: Path
+def test_a_killed_trainer_s_trial_resumes_elsewhere_from_its_checkpoint_on_the_bucket(
+    stack: Stack, object_store: LocalObjectStore, tmp_path: Path
 ) -> None:
-    """The trainers share no disk: their artifact store is a remote one (an
-    FTP server), so the second resumes from what the first uploaded."""
-    with ftp_store(tmp_path / "ftp") as store:
-        env = {"AISTACK_TRAINER_ARTIFACT_ROOT": store}
-        first = stack.trainer("first", env)
-        request = trial_request(f"kill-{uuid.uuid4().hex[:8]}", 0, epochs=6, params=SLOW)
-        stack.send(request)
-        _wait_for_step(stack, request.trial_id, "first", 2)
-        # Uploads run behind the reports: wait for the second epoch's.
-        deadline = time.monotonic() + 120
-        while (uploaded := _uploaded_epoch(store, request, tmp_path / "peek")) < 2:
-            assert time.monotonic() < deadline, stack.logs()
-            time.sleep(0.2)
-        first.kill()  # kill -9: no hand-back, no commit, no more uploads
+    """The trainers share nothing but the bucket: each has its own state
+    directory, their artifact store and TensorBoard runs are on the object
+    store, so the second resumes from what the first uploaded."""
+    prefix = uuid.uuid4().hex[:8]
+    root = object_store.url(f"{prefix}/artifacts")
+    store = ArtifactStore(root, object_store.settings)
+    env = {
+        "AISTACK_TRAINER_ARTIFACT_ROOT": root,
+        "AISTACK_TRAINER_TENSORBOARD_DIR": object_store.url(f"{prefix}/tensorboard"),
+        **object_store.env(),
+    }
+    first = stack.trainer("first", {**env, "AISTACK_STATE_DIR": str(tmp_path / "first")})
+    request = trial_request(f"kill-{uuid.uuid4().hex[:8]}", 0, epochs=6, params=SLOW)
+    stack.send(request)
+    _wait_for_step(stack, request.trial_id, "first", 2)
+    # Uploads run behind the reports: wait for the second epoch's.
+    deadline = time.monotonic() + 120
+    while (uploaded := _uploaded_epoch(store, request, tmp_path / "peek")) < 2:
+        assert time.monotonic() < deadline, stack.logs()
+        time.sleep(0.2)
+    first.kill()  # kill -9: no hand-back, no commit, no more uploads
 
-        stack.trainer("second", env)
-        final = stack.final(request.trial_id, timeout=300)
+    stack.trainer("second", {**env, "AISTACK_STATE_DIR": str(tmp_path / "second")})
+    final = stack.final(request.trial_id, timeout=300)
     assert final.WhichOneof("event") == "completed", stack.logs()
     assert final.trainer_id == "second"
     [resumed] = [
@@ -259,7 +267,16 @@ def test_a_killed_trainer_s_trial_resumes_elsewhere_from_its_checkpoint(
         range(resumed.resumed_from_step + 1, 7)
     )
     ready = model_ready(stack.recorder, stack.topics.models, request.trial_id)
-    assert ready.artifact_uri.startswith(store)
+    assert ready.artifact_uri.startswith(root)
+    # The model on the bucket is the one the event's digest names.
+    assert ready.artifact_uri.startswith(f"{root}/models/")
+    model = tmp_path / "model"
+    assert store.get_dir(ready.artifact_uri.removeprefix(f"{root}/"), model)
+    assert digest(model)[0] == ready.sha256
+    # Each trainer's run of the trial, mirrored to the bucket.
+    fs, path = filesystem(object_store.url(f"{prefix}/tensorboard"), object_store.settings)
+    runs = [p for p in fs.find(path) if "/events.out.tfevents." in p]
+    assert len(runs) == 2, runs
 
 
 def test_sigterm_hands_the_trial_back_and_exits_cleanly(stack: Stack) -> None:

@@ -434,3 +434,40 @@ def test_prometheus_and_grafana_are_pinned_and_read_their_files_only() -> None:
         assert binds, f"{name} mounts no configuration"
         for path, (source, mode) in binds.items():
             assert mode == "ro", f"{name} may write to {source} at {path}"
+
+
+OBJECT_STORE_OVERRIDE = ROOT / "compose" / "docker-compose.object-store.yml"
+
+
+def test_object_store_override_puts_every_file_on_the_bucket() -> None:
+    from shared.settings import ObjectStoreSettings
+
+    override = load(OBJECT_STORE_OVERRIDE)["services"]
+    main = load(COMPOSE)["services"]
+    assert {"minio", "minio-buckets"} <= set(override)
+    assert override["minio"]["image"].startswith("minio/minio:RELEASE.")
+    for port in override["minio"]["ports"]:
+        assert port.startswith("127.0.0.1:"), port
+    known = settings_catalog.env_names()
+    for name in ("svc_transform", "svc_trainer", "svc_model"):
+        assert name in main
+        service = override[name]
+        assert service["depends_on"]["minio-buckets"]["condition"] == (
+            "service_completed_successfully"
+        )
+        env = service["environment"]
+        assert set(env) <= known, set(env) - known
+        assert env["AISTACK_OBJECT_STORE_ENDPOINT"] == "http://minio:9000"
+        ObjectStoreSettings(
+            endpoint=env["AISTACK_OBJECT_STORE_ENDPOINT"],
+            path_style=env["AISTACK_OBJECT_STORE_PATH_STYLE"] == "true",
+        )
+    transform = override["svc_transform"]["environment"]
+    trainer = override["svc_trainer"]["environment"]
+    # The trainers read the windows svc_transform writes: the same objects.
+    assert transform["AISTACK_TRANSFORM_OFFLINE_DIR"].removeprefix("s3a://") == trainer[
+        "AISTACK_TRAINER_FEATURES_PATH"
+    ].removeprefix("s3://")
+    assert transform["AISTACK_TRANSFORM_CHECKPOINT_DIR"].startswith("s3a://aistack/")
+    assert trainer["AISTACK_TRAINER_ARTIFACT_ROOT"].startswith("s3://aistack/")
+    assert override["minio-buckets"]["entrypoint"][-1] == "aistack/aistack"

@@ -8,6 +8,7 @@ from google.protobuf import descriptor_pool
 from google.protobuf.message import Message
 
 from compose import kafka_dist
+from shared import hadoop_s3a
 from shared.bus.topics import TOPICS, TOPICS_BY_NAME
 from shared.contracts import codegen
 from shared.contracts.aistack.v1 import (
@@ -179,6 +180,13 @@ def test_kafka_version_agrees_with_the_pom() -> None:
 def test_spark_connector_version_is_pyspark_s() -> None:
     version = re.escape(transform_jars.SPARK_VERSION)
     assert re.search(rf"<spark.version>{version}</spark.version>", transform_jars.POM.read_text())
+    s3a = hadoop_s3a.POM.read_text()
+    assert re.search(rf"<spark.version>{version}</spark.version>", s3a)
+    hadoop = re.escape(hadoop_s3a.HADOOP_VERSION)
+    assert re.search(rf"<hadoop.version>{hadoop}</hadoop.version>", s3a)
+    # hadoop-aws must be the Hadoop pyspark ships.
+    jars = transform_jars.pyspark_jars()
+    assert any(jars.glob(f"hadoop-client-api-{hadoop_s3a.HADOOP_VERSION}.jar"))
     pyproject = (Path(transform_jars.POM).parents[2] / "pyproject.toml").read_text()
     assert re.search(rf'"pyspark=={version}"', pyproject)
 

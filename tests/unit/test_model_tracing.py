@@ -125,7 +125,7 @@ def _served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: Any) ->
     from svc_model.settings import ModelSettings
 
     event = _artifact(tmp_path, Flattening())
-    monkeypatch.setattr(model_loading, "fetch", lambda event, cache: tmp_path)
+    monkeypatch.setattr(model_loading, "fetch", lambda event, cache, object_store=None: tmp_path)
     model = ModelSettings(
         **{"batching": False, "artifact_cache_dir": tmp_path / "cache", **settings}
     )
