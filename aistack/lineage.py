@@ -19,7 +19,7 @@ gone, never guessed.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,13 +29,13 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
 from aistack.settings import LineageSettings
-from shared import model_registry, offline_store
+from shared import model_registry, object_store, offline_store
 from shared.bus.consumer import read_to_end
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, models_pb2, predictions_pb2
 from shared.errors import AistackError, InvalidArgument, NotFound
 from shared.feature_store import Series, event_series
 from shared.objective import version_number
-from shared.settings import KafkaSettings
+from shared.settings import KafkaSettings, ObjectStoreSettings
 
 #: The offline store's dataset name in a model's lineage (svc_trainer's ``features``).
 FEATURES_DATASET = "features"
@@ -234,13 +234,13 @@ class _Walk:
             node.facts["files"] = list(data.files)
             node.children.extend(Node(f"file {path}") for path in data.files[:10])
             return node
-        present = [path for path in data.files if Path(path).exists()]
+        present = _present(data.files, self._settings.object_store)
         missing = len(data.files) - len(present)
         node.title += f": {len(data.files)} files" + (
-            f", {missing} no longer on disk" if missing else ""
+            f", {missing} no longer there" if missing else ""
         )
         node.facts["files"] = list(data.files)
-        count, windows, ranges = _windows_in(present)
+        count, windows, ranges = _windows_in(present, self._settings.object_store)
         if not count:
             node.children.append(Node("the files hold no window positions (written before them)"))
             return node
@@ -345,10 +345,25 @@ class Windows:
         return False
 
 
-def _windows_in(files: list[str]) -> tuple[int, Windows, list[common_pb2.OffsetRange]]:
+def _present(files: Sequence[str], settings: ObjectStoreSettings) -> list[str]:
+    """Those of ``files`` (paths, or URLs on the object store) still there."""
+    local = [path for path in files if not object_store.scheme(path)]
+    remote = [path for path in files if object_store.scheme(path)]
+    present = {path for path in local if Path(path).exists()}
+    if remote:
+        fs, _ = object_store.filesystem(remote[0], settings)  # the store's, for all
+        for url in remote:
+            if fs.exists(url.partition("://")[2]):
+                present.add(url)
+    return [path for path in files if path in present]
+
+
+def _windows_in(
+    files: list[str], settings: ObjectStoreSettings
+) -> tuple[int, Windows, list[common_pb2.OffsetRange]]:
     """(how many windows, their series and spans, their clean ranges merged
     per partition) of the offline-store files, read as the trainer read them."""
-    stored = offline_store.stored_windows(files)
+    stored = offline_store.stored_windows(files, settings)
     windows = Windows()
     for series, start, end in zip(stored.series, stored.start_us, stored.end_us, strict=True):
         windows.add(series, start, end)

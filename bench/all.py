@@ -33,6 +33,7 @@ BENCHMARKS = (
     "serving",
     "batch_scoring",
     "user_code",
+    "object_store",
 )
 
 _RATIO = re.compile(

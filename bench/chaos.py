@@ -547,10 +547,12 @@ def _offline_windows(
 ) -> dict[tuple[str, str, int], list[int]]:
     import pyarrow.dataset as ds
 
-    root = stack.settings.infra.common.state_dir / "features" / "windows"
-    if not root.is_dir():
+    from shared.offline_store import OfflineStoreError, open_store
+
+    try:
+        store = open_store(stack.offline_store(), stack.object_store_settings())
+    except OfflineStoreError:
         return {}
-    store = ds.dataset(root, format="parquet", partitioning="hive")
     if "entity_id" not in store.schema.names:
         return {}
     rows = store.to_table(

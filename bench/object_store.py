@@ -28,7 +28,6 @@ Needs a broker and Redis (``aistack infra up``); starts its own object store.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import tempfile
 import time
 import uuid
@@ -38,17 +37,7 @@ from typing import Any
 
 from bench import profiling
 from bench.harness import print_ratio
-from bench.services import Trainers, TunerUnderTest, run_study
-from bench.user_code import (
-    ENTRYPOINT,
-    EPOCHS,
-    EXAMPLE,
-    LABEL,
-    SEED,
-    SPEC,
-    STARTUP_TRIALS,
-    write_table,
-)
+from bench.user_code import on_the_bus, write_table
 from compose.object_store import Standalone
 from shared.settings import CommonSettings, ObjectStoreSettings
 
@@ -149,37 +138,12 @@ def offline_store(store: Standalone, scratch: Path) -> tuple[float, float]:
 # ---- a study's checkpoint traffic --------------------------------------------------------
 
 
-def study(trials: int, table: str, state: Path, artifacts: str, env: dict[str, str]) -> float:
+def study(
+    trials: int, table: str, state: Path, artifacts: str, store: ObjectStoreSettings | None
+) -> float:
     """Wall seconds of ``bench.user_code``'s study with the trainer's
     artifact store at ``artifacts``."""
-    from aistack.studies import ship_code
-
-    tuner = TunerUnderTest(state)
-    trainer = Trainers(tuner, 1, state, extra={"AISTACK_TRAINER_ARTIFACT_ROOT": artifacts, **env})
-    try:
-        trainer.wait_warm(executors=2)
-        spec = SPEC.format(
-            suffix=uuid.uuid4().hex[:8],
-            startup=STARTUP_TRIALS,
-            trials=trials,
-            table=table,
-            label=LABEL,
-            entrypoint=ENTRYPOINT,
-            epochs=EPOCHS,
-            seed=SEED,
-        )
-        settings = ObjectStoreSettings(**_fields(env)) if env else None
-        package = ship_code(EXAMPLE, artifacts, settings)
-        wall, _ = asyncio.run(run_study(tuner, spec, code=package))
-        return wall
-    finally:
-        trainer.stop()
-        tuner.stop()
-
-
-def _fields(env: dict[str, str]) -> dict[str, Any]:
-    prefix = "AISTACK_OBJECT_STORE_"
-    return {k.removeprefix(prefix).lower(): v for k, v in env.items() if k.startswith(prefix)}
+    return on_the_bus(trials, table, state, artifacts=artifacts, object_store=store).wall
 
 
 def timed(what: str, run: Callable[[], float]) -> float:
@@ -191,8 +155,8 @@ def timed(what: str, run: Callable[[], float]) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=6)
-    profiling.add_flag(parser, "object_store")
-    parser.parse_args()
+    profiling.add_flag(parser, "object_store", own_children=True)
+    trials = parser.parse_args().trials
 
     with tempfile.TemporaryDirectory(prefix="aistack-bench-") as tmp:
         scratch = Path(tmp)
@@ -206,15 +170,14 @@ def main() -> int:
                 flush=True,
             )
             table = write_table(scratch / "table.parquet")
-            trials = parser.parse_args().trials
             on_disk = timed(
                 f"study of {trials} trials, artifacts on disk",
-                lambda: study(trials, table, scratch / "disk", str(scratch / "artifacts"), {}),
+                lambda: study(trials, table, scratch / "disk", str(scratch / "artifacts"), None),
             )
             on_bucket = timed(
                 f"study of {trials} trials, artifacts on the bucket",
                 lambda: study(
-                    trials, table, scratch / "bucket", store.url("bench/artifacts"), store.env()
+                    trials, table, scratch / "bucket", store.url("bench/artifacts"), store.settings
                 ),
             )
         finally:

@@ -54,6 +54,8 @@ import optuna
 from bench import profiling
 from bench.harness import ROOT, print_ratio, ray_tune_one_at_a_time
 from bench.services import Trainers, TunerUnderTest, run_study
+from shared.object_store import settings_env
+from shared.settings import ObjectStoreSettings
 
 GOAL_RAY = 1.0
 GOAL_INPROCESS = 0.9
@@ -208,12 +210,25 @@ def ray_tune(trials: int, table: str) -> Outcome:
 # ---- aistack ----------------------------------------------------------------------------
 
 
-def on_the_bus(trials: int, table: str, state: Path) -> Outcome:
+def on_the_bus(
+    trials: int,
+    table: str,
+    state: Path,
+    *,
+    artifacts: str = "",
+    object_store: ObjectStoreSettings | None = None,
+) -> Outcome:
+    """The study through svc_tuner and one svc_trainer; ``artifacts``: the
+    trainer's artifact store (default: a directory of ``state``), on the
+    object store ``object_store`` describes when it is a URL."""
     from aistack.studies import ship_code
 
-    artifacts = state / "artifacts"
+    artifacts = artifacts or str(state / "artifacts")
+    env = {"AISTACK_TRAINER_ARTIFACT_ROOT": artifacts}
+    if object_store is not None:
+        env |= settings_env(object_store)
     tuner = TunerUnderTest(state)
-    trainer = Trainers(tuner, 1, state, extra={"AISTACK_TRAINER_ARTIFACT_ROOT": str(artifacts)})
+    trainer = Trainers(tuner, 1, state, extra=env)
     try:
         trainer.wait_warm(executors=2)  # the torch executor and the spare a package takes
         spec = SPEC.format(
@@ -226,7 +241,7 @@ def on_the_bus(trials: int, table: str, state: Path) -> Outcome:
             epochs=EPOCHS,
             seed=SEED,
         )
-        package = ship_code(EXAMPLE, str(artifacts))
+        package = ship_code(EXAMPLE, artifacts, object_store)
         wall, best = asyncio.run(run_study(tuner, spec, code=package))
         return Outcome(wall, best, trials)
     finally:

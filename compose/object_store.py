@@ -103,14 +103,7 @@ class ObjectStoreServer:
 
     def client_env(self) -> dict[str, str]:
         """``settings`` as the environment of a process started with them."""
-        settings = self.settings()
-        assert settings.secret_access_key is not None
-        return {
-            "AISTACK_OBJECT_STORE_ENDPOINT": settings.endpoint,
-            "AISTACK_OBJECT_STORE_PATH_STYLE": "true",
-            "AISTACK_OBJECT_STORE_ACCESS_KEY_ID": settings.access_key_id,
-            "AISTACK_OBJECT_STORE_SECRET_ACCESS_KEY": settings.secret_access_key.get_secret_value(),
-        }
+        return object_store.settings_env(self.settings())
 
     def command(self, cache_dir: Path) -> list[str]:
         """The server's command line (its jars fetched first); writes its

@@ -140,7 +140,7 @@ class StackSettings(BaseSettings):
         from compose.processes import port_taken
         from shared.ports import free_ports
 
-        ports = free_ports(13)
+        ports = free_ports(14)
         trainer_base = ports[8]
         # Every replica's port must be free, and none of the others.
         steps = [TRAINER_METRICS_PORT_STEP * i for i in range(1, trainers)]
@@ -154,6 +154,7 @@ class StackSettings(BaseSettings):
                 kafka_port=ports[0],
                 kafka_controller_port=ports[1],
                 redis_port=ports[2],
+                object_store_port=ports[13],
                 common=CommonSettings(state_dir=state_dir),
             ),
             tuner_port=ports[3],
@@ -196,8 +197,14 @@ class StackSettings(BaseSettings):
                     note.replace("_PORT", "_CONTROLLER_PORT"),
                 ),
             ]
+        uses.append(PortUse("redis", "", infra.redis_port, "AISTACK_INFRA_REDIS_PORT"))
+        if infra.object_store:
+            uses.append(
+                PortUse(
+                    "object-store", "", infra.object_store_port, "AISTACK_INFRA_OBJECT_STORE_PORT"
+                )
+            )
         uses += [
-            PortUse("redis", "", infra.redis_port, "AISTACK_INFRA_REDIS_PORT"),
             PortUse("svc_tuner", "gRPC", self.tuner_port, f"{stack}TUNER_PORT"),
             PortUse("svc_tuner", "metrics", self.tuner_metrics_port, f"{stack}TUNER_METRICS_PORT"),
             PortUse("svc_model", "gRPC", self.model_port, f"{stack}MODEL_PORT"),

@@ -223,7 +223,7 @@ class ServiceStack:
         directory, or a URL on the object store."""
         from svc_trainer.settings import TrainerSettings
 
-        on_the_bucket = self._object_store_env().get("AISTACK_TRAINER_TENSORBOARD_DIR")
+        on_the_bucket = self.storage_locations().get("AISTACK_TRAINER_TENSORBOARD_DIR")
         if on_the_bucket:
             return on_the_bucket
         trainer = load_settings(TrainerSettings)
@@ -373,7 +373,7 @@ class ServiceStack:
         svc = self._service(name)
         env = {**self._common_env(), **dict(svc.env), **self._security_env(svc)}
         if svc.name == DASHBOARDS[1] and object_store.is_object_url(self.tensorboard_dir()):
-            env.update(object_store.boto3_env(self._object_store_settings()))
+            env.update(object_store.boto3_env(self.object_store_settings()))
         return env
 
     @property
@@ -460,20 +460,39 @@ class ServiceStack:
             update[field] = int(value)
         return load_settings(KafkaSettings).model_copy(update=update)
 
-    def _object_store_env(self) -> dict[str, str]:
-        """With the infra's object store: how to reach it, and the services'
-        files on its bucket where the environment does not put them."""
+    def storage_locations(self) -> dict[str, str]:
+        """The services' file locations the stack sets (its variables: the
+        bucket's, with the infra's object store), where the environment
+        does not set them; empty without an object store."""
         if self.infra.object_store is None:
             return {}
         environment = inherited_environment()
-        return {
-            **self.infra.object_store_server.client_env(),
-            **{k: v for k, v in BUCKET_LOCATIONS.items() if k not in environment},
-        }
+        return {k: v for k, v in BUCKET_LOCATIONS.items() if k not in environment}
 
-    def _object_store_settings(self) -> ObjectStoreSettings:
+    def offline_store(self) -> str:
+        """Where svc_transform writes the offline store, as its readers name
+        it: a directory, or an ``s3://`` URL (``object_store_settings``)."""
+        from svc_transform.settings import TransformSettings
+
+        located = self.storage_locations().get("AISTACK_TRANSFORM_OFFLINE_DIR")
+        if located:
+            return object_store.fsspec_url(located)
+        transform = load_settings(TransformSettings)
+        common = self.settings.infra.common
+        return object_store.fsspec_url(
+            transform.model_copy(update={"common": common}).offline_path()
+        )
+
+    def object_store_settings(self) -> ObjectStoreSettings:
         """The infra's object store, else the one the environment names."""
         return self.infra.object_store_settings() or load_settings(ObjectStoreSettings)
+
+    def _object_store_env(self) -> dict[str, str]:
+        """With the infra's object store: how to reach it, and the services'
+        files on its bucket (``storage_locations``)."""
+        if self.infra.object_store is None:
+            return {}
+        return {**self.infra.object_store_server.client_env(), **self.storage_locations()}
 
     def _replication_env(self) -> dict[str, str]:
         """The cluster's topic replication settings that the environment leaves unset."""

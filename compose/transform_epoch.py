@@ -29,17 +29,26 @@ SERVICE = "svc_transform"
 
 @dataclass(frozen=True)
 class Epoch:
-    """Where the last epoch was moved, and where the new one starts."""
+    """Where the last epoch was moved (a directory, or a URL on the object
+    store), and where the new one starts."""
 
-    archive: Path
+    archive: str
     starting_offsets: dict[str, dict[str, int]]
 
 
 def transform_settings(stack: ServiceStack) -> TransformSettings:
-    """svc_transform's settings as the stack starts it (its state directory)."""
-    return load_settings(TransformSettings).model_copy(
-        update={"common": stack.settings.infra.common}
-    )
+    """svc_transform's settings as the stack starts it: its state directory,
+    and its checkpoint and offline store on the stack's object store when
+    the stack puts them there."""
+    located = stack.storage_locations()
+    update: dict[str, object] = {"common": stack.settings.infra.common}
+    if "AISTACK_TRANSFORM_CHECKPOINT_DIR" in located:
+        update["checkpoint_dir"] = located["AISTACK_TRANSFORM_CHECKPOINT_DIR"]
+    if "AISTACK_TRANSFORM_OFFLINE_DIR" in located:
+        update["offline_dir"] = located["AISTACK_TRANSFORM_OFFLINE_DIR"]
+    if located:
+        update["object_store"] = stack.object_store_settings()
+    return load_settings(TransformSettings).model_copy(update=update)
 
 
 def stored_watermark(
@@ -92,27 +101,31 @@ def needs_fresh_epoch(stack: ServiceStack, first_event: datetime) -> datetime | 
 
 def begin_fresh_epoch(stack: ServiceStack, kafka: KafkaSettings) -> Epoch:
     """Stop svc_transform, move its checkpoint and offline store under
-    ``transform/epochs/<time>/`` (one on the object store beside itself,
-    under ``epochs/<time>/``), and start it again from the clean topic's
-    end. Raises Unavailable when it does not come back."""
+    ``transform/epochs/<time>/`` of the state directory (of the checkpoint's
+    bucket, on the object store: an object store moves by copying), and
+    start it again from the clean topic's end. Raises Unavailable when it
+    does not come back."""
     settings = transform_settings(stack)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    archive = settings.common.state_dir / "transform" / "epochs" / stamp
+    relative = f"transform/epochs/{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
     stack.stop_service(SERVICE)
     # Read once it is stopped: every clean record before this end was the
     # old epoch's to window (or drop), none after it is.
     starting = {settings.source_topic: end_offsets(kafka, settings.source_topic)}
-    archive.mkdir(parents=True, exist_ok=True)
+    archives = []
     for kind, location in (
         ("checkpoint", settings.checkpoint_path()),
         ("offline", settings.offline_path()),
     ):
         if object_store.is_object_url(location):
             fs, path = object_store.filesystem(location, settings.object_store)
+            archive = f"s3://{path.split('/', 1)[0]}/{relative}"
             if fs.exists(path):
-                fs.mv(path, f"{path.rpartition('/')[0]}/epochs/{stamp}/{kind}", recursive=True)
-            continue
-        if Path(location).exists():
-            shutil.move(location, str(archive / kind))
+                fs.mv(path, f"{archive.removeprefix('s3://')}/{kind}", recursive=True)
+        else:
+            archive = str(settings.common.state_dir / relative)
+            Path(archive).mkdir(parents=True, exist_ok=True)
+            if Path(location).exists():
+                shutil.move(location, str(Path(archive) / kind))
+        archives.append(archive)
     stack.start_service(SERVICE, env={"AISTACK_TRANSFORM_STARTING_OFFSETS": json.dumps(starting)})
-    return Epoch(archive, starting)
+    return Epoch(archives[0], starting)

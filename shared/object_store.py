@@ -73,6 +73,22 @@ def s3fs_options(settings: ObjectStoreSettings) -> dict[str, Any]:
     return options
 
 
+def settings_env(settings: ObjectStoreSettings) -> dict[str, str]:
+    """``settings`` as the environment of a process that reads them
+    (``AISTACK_OBJECT_STORE_*``): how a service hands them to a child."""
+    env = {
+        "AISTACK_OBJECT_STORE_ENDPOINT": settings.endpoint,
+        "AISTACK_OBJECT_STORE_REGION": settings.region,
+        "AISTACK_OBJECT_STORE_PATH_STYLE": str(settings.path_style).lower(),
+        "AISTACK_OBJECT_STORE_RIDE_OUT_S": str(settings.ride_out_s),
+    }
+    if settings.access_key_id and settings.secret_access_key is not None:
+        env["AISTACK_OBJECT_STORE_ACCESS_KEY_ID"] = settings.access_key_id
+        secret = settings.secret_access_key.get_secret_value()
+        env["AISTACK_OBJECT_STORE_SECRET_ACCESS_KEY"] = secret
+    return env
+
+
 def boto3_env(settings: ObjectStoreSettings) -> dict[str, str]:
     """The store as the environment of a process whose S3 client is plain
     boto3 configured by variables (TensorBoard reading ``s3://`` runs)."""

@@ -104,13 +104,24 @@ def _arrow_filesystem(filesystem: Any) -> Any:
     return PyFileSystem(FSSpecHandler(filesystem))
 
 
-def open_store_files(files: Sequence[str]) -> Any:
+def open_store_files(files: Sequence[str], settings: ObjectStoreSettings | None = None) -> Any:
     """Some of the store's files (paths under its partition directories) as
-    a pyarrow dataset with their partitions."""
+    a pyarrow dataset with their partitions; files named by URL (all of one
+    scheme) through ``settings`` (default: the environment's), the
+    fragments' paths then without the scheme (``bucket/key``)."""
     try:
-        return _dataset(list(files))
+        if not files or not is_url(files[0]):
+            return _dataset(list(files))
+        filesystem, _ = object_store.filesystem(files[0], settings or ObjectStoreSettings())
+        paths = [_path_of(filesystem, name) for name in files]
+        return _dataset(paths, _arrow_filesystem(filesystem))
     except (OSError, ValueError) as exc:
         raise OfflineStoreError(f"cannot read the store's files: {exc}") from exc
+
+
+def _path_of(filesystem: Any, url: str) -> str:
+    """``url``'s path on its fsspec ``filesystem``."""
+    return str(filesystem._strip_protocol(url)).rstrip("/")
 
 
 def _dataset(source: str | list[str], filesystem: Any = None) -> Any:
@@ -236,17 +247,33 @@ class StoredWindows:
     sources: list[dict[str, Any]]
 
 
-def stored_windows(files: Sequence[str]) -> StoredWindows:
+def stored_windows(
+    files: Sequence[str], settings: ObjectStoreSettings | None = None
+) -> StoredWindows:
     """The windows in the offline store's ``files`` (their metric and kind
     read from each file's partitions), the latest batch's row of a window
     stored twice, as the trainer reads them. Files written before windows
-    carried their ``sources`` hold none to follow: left out."""
-    import pyarrow.parquet as pq
-
-    with_sources = [path for path in files if "sources" in pq.read_schema(path).names]
+    carried their ``sources`` hold none to follow: left out. ``files`` may
+    be URLs (all of one scheme, on the store ``settings`` describes, as
+    ``open_store_files``)."""
+    if not files:
+        return StoredWindows([], [], [], [])
+    store = open_store_files(files, settings)
+    with_sources = [
+        fragment.path
+        for fragment in store.get_fragments()
+        if "sources" in fragment.physical_schema.names
+    ]
     if not with_sources:
         return StoredWindows([], [], [], [])
-    store = open_store_files(with_sources)
+    if len(with_sources) < len(files):
+        _, ds = _arrow()
+        store = ds.dataset(
+            with_sources,
+            format=store.format,
+            partitioning=store.partitioning,
+            filesystem=store.filesystem,
+        )
     names = set(store.schema.names)
     series_columns = [c for c in SERIES_COLUMNS if c in names]
     columns = ["metric", "window", *series_columns, "window_start", "window_end", "batch"]
@@ -272,20 +299,28 @@ def stored_windows(files: Sequence[str]) -> StoredWindows:
     )
 
 
-def superseded(files: Sequence[str]) -> dict[str, list[int]]:
+def superseded(
+    files: Sequence[str], settings: ObjectStoreSettings | None = None
+) -> dict[str, list[int]]:
     """Per file among ``files`` (the offline store's, or any Parquet), the
     rows a later batch wrote again, by index in the file: what a reader of
     every row skips to read each window once, as ``latest_windows`` does.
     Empty for files without the store's ``batch`` partition and
     ``window_start``, and whenever no two batches of a metric and window kind
     hold windows starting in overlapping spans (the usual store: each batch
-    closes later windows), which each file's window starts alone show."""
+    closes later windows), which each file's window starts alone show.
+    ``files`` may be URLs (all of one scheme, on the store ``settings``
+    describes, as ``open_store_files``): the answer names them as given."""
 
     pa, ds = _arrow()
     try:
-        store = open_store_files(files)
+        store = open_store_files(files, settings)
     except OfflineStoreError:
         return {}
+    named: dict[str, str] = {}
+    if files and is_url(files[0]):
+        filesystem, _ = object_store.filesystem(files[0], settings or ObjectStoreSettings())
+        named = {_path_of(filesystem, name): name for name in files}
     spans: dict[tuple[Any, Any], list[tuple[int, int, int, str]]] = {}
     fragments = {}
     for fragment in store.get_fragments():
@@ -319,7 +354,7 @@ def superseded(files: Sequence[str]) -> dict[str, list[int]]:
     ] = True
     dropped: dict[str, list[int]] = {}
     for i in np.flatnonzero(~kept):
-        dropped.setdefault(names[i], []).append(int(row[i]))
+        dropped.setdefault(named.get(names[i], names[i]), []).append(int(row[i]))
     return dropped
 
 

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1 import predictions_pb2
+from shared.object_store import hadoop_url
 from shared.settings import KafkaSettings
 from svc_score.plan import Plan
 
@@ -91,11 +92,14 @@ def messages(
         yield message.entity_id or layout.model_name, message
 
 
-def publish(spark: SparkSession, output: Path, layout: Layout, run_id: str, to: Publication) -> int:
-    """Publish every row of the Parquet at ``output`` from the executors;
-    return how many records were delivered. A record not delivered fails its
-    task, and so the job (Unavailable, in the worker's last line)."""
-    frame = spark.read.parquet(str(output))
+def publish(
+    spark: SparkSession, output: Path | str, layout: Layout, run_id: str, to: Publication
+) -> int:
+    """Publish every row of the Parquet at ``output`` (a path, or a URL on
+    the object store: read as ``s3a://``) from the executors; return how many
+    records were delivered. A record not delivered fails its task, and so the
+    job (Unavailable, in the worker's last line)."""
+    frame = spark.read.parquet(hadoop_url(str(output)))
     counts = frame.mapInArrow(_publisher(layout, run_id, to), "published long")
     return int(sum(row.published for row in counts.collect()))
 

@@ -11,6 +11,11 @@ Two ways the batches come:
   condition is Spark SQL) and hands the task its rows as Arrow batches
   (``mapInArrow``).
 
+The input and the staging directory are each a local path or a URL
+(``s3://…`` on the object store): a URL is read and written through
+``svc_score.output.arrow_filesystem`` with the store's settings the ``Task``
+carries, never through the worker's environment.
+
 A task's functions capture only plain values (``Task``; protobuf messages
 do not pickle): the plan is built again, and the model loaded, where it
 runs. Each Python worker loads a model once (``shared.model_loading``, the
@@ -19,6 +24,7 @@ model server's own loader) and reuses it for every later batch and task.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -33,6 +39,8 @@ import numpy as np
 from shared import model_loading
 from shared.contracts.aistack.v1 import models_pb2
 from shared.feature_store import merge_source_column
+from shared.settings import ObjectStoreSettings
+from svc_score import output
 from svc_score.plan import MODEL_COLUMNS, ROW_SOURCES, Plan
 
 if TYPE_CHECKING:
@@ -75,7 +83,8 @@ class Written(NamedTuple):
 
 
 class Unit(NamedTuple):
-    """A row group of an input file, with the file's Hive partition values."""
+    """A row group of an input file (a path, or a URL of the input's
+    scheme), with the file's Hive partition values."""
 
     path: str
     row_group: int
@@ -93,7 +102,7 @@ class Task:
     keys: tuple[str, ...]
     outputs: tuple[tuple[str, str, bool], ...]
     cache_dir: str  # where each worker keeps its verified copy of the artifact
-    staging: str  # the output directory being written
+    staging: str  # the output directory being written: a path, or a URL
     run_id: str
     fed_schema: bytes  # the Arrow schema of the columns fed (keys, inputs, sources)
     output_schema: bytes  # the Arrow schema of the files written
@@ -102,11 +111,15 @@ class Task:
     # Per input file, the rows not to score: an offline-store window a later
     # batch wrote again (``shared.offline_store.superseded``).
     skip: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    # How the workers reach the input, the staging prefix and an artifact
+    # on the object store (a frozen settings object pickles; its secret stays
+    # a SecretStr).
+    object_store: ObjectStoreSettings = dataclasses.field(default_factory=ObjectStoreSettings)
 
     @classmethod
     def of(cls, chosen: Plan, fed: pa.Schema, output: pa.Schema, merge: str, **run: Any) -> Task:
         """The task of ``chosen``; ``run``: the other fields (``cache_dir``,
-        ``staging``, ``run_id``, ``batch_rows``)."""
+        ``staging``, ``run_id``, ``batch_rows``, ``object_store``)."""
         return cls(
             event_bytes=chosen.event.SerializeToString(),
             columns=chosen.columns,
@@ -166,16 +179,17 @@ def score_batch(
 
 
 def write_scored(task: Task, name: str, batches: Iterable[pa.RecordBatch]) -> Written | None:
-    """Score ``batches`` into the file ``name`` of the staging directory (a
-    retried task writes the same name again); None, and no file, for no
-    rows."""
+    """Score ``batches`` into the file ``name`` of the staging directory or
+    prefix (a retried task writes the same name again, a whole object on the
+    store); None, and no file, for no rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = pa.ipc.read_schema(pa.py_buffer(task.output_schema))
     event = models_pb2.ModelReady.FromString(task.event_bytes)
     here = Plan(event, task.columns, task.row_shape, task.keys, task.outputs)
-    runner = _runner(task.event_bytes, task.cache_dir)
+    runner = _runner(task.event_bytes, task.cache_dir, task.object_store)
+    filesystem, path = output.arrow_filesystem(output.join(task.staging, name), task.object_store)
     writer: pq.ParquetWriter | None = None
     rows = 0
     sources: list[pa.Array] = []
@@ -185,7 +199,10 @@ def write_scored(task: Task, name: str, batches: Iterable[pa.RecordBatch]) -> Wr
                 continue
             if writer is None:
                 writer = pq.ParquetWriter(
-                    Path(task.staging) / name, schema, use_dictionary=dictionary_columns(task.keys)
+                    path,
+                    schema,
+                    filesystem=filesystem,
+                    use_dictionary=dictionary_columns(task.keys),
                 )
             writer.write_batch(score_batch(runner, here, schema, batch))
             rows += batch.num_rows
@@ -241,7 +258,7 @@ def from_files(task: Task) -> Any:
         import pyarrow as pa
 
         fed = pa.ipc.read_schema(pa.py_buffer(task.fed_schema))
-        batches = read_units(list(units), fed, task.batch_rows, dict(task.skip))
+        batches = read_units(list(units), fed, task.batch_rows, dict(task.skip), task.object_store)
         written = write_scored(task, file_name(task, index), batches)
         if written is not None:
             yield written
@@ -249,19 +266,23 @@ def from_files(task: Task) -> Any:
     return run
 
 
-def units_of(input_path: str) -> list[Unit]:
+def units_of(input_path: str, settings: ObjectStoreSettings | None = None) -> list[Unit]:
     """Every row group of the Parquet files under ``input_path`` (a file or
-    a directory of Hive partitions ``key=value``), as Spark lists them (files
-    whose name starts with ``_`` or ``.`` are not data)."""
+    a directory of Hive partitions ``key=value``; a URL's on the store
+    ``settings`` describes, default the environment's), as Spark lists them
+    (files whose name starts with ``_`` or ``.`` are not data). A URL's
+    units name their files by URLs of its scheme."""
     import pyarrow.dataset as ds
 
-    dataset = ds.dataset(input_path, format="parquet", partitioning="hive")
+    filesystem, path = output.arrow_filesystem(input_path, settings or ObjectStoreSettings())
+    dataset = ds.dataset(path, format="parquet", partitioning="hive", filesystem=filesystem)
     units = []
     for fragment in dataset.get_fragments():
         partition = ds.get_partition_keys(fragment.partition_expression)
+        name = output.url_of(input_path, fragment.path)
         for group in fragment.split_by_row_group():
             (row_group,) = group.row_groups
-            units.append(Unit(fragment.path, row_group.id, row_group.num_rows, partition))
+            units.append(Unit(name, row_group.id, row_group.num_rows, partition))
     return units
 
 
@@ -283,41 +304,61 @@ def read_units(
     fed: pa.Schema,
     batch_rows: int,
     skip: Mapping[str, Sequence[int]] | None = None,
+    settings: ObjectStoreSettings | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The ``fed`` columns of ``units``, ``batch_rows`` rows a batch, typed as
     ``fed`` says (as Spark would hand them over): a Hive partition's value
     for a partition column, nulls for a column a file lacks; without the
-    rows ``skip`` names (by index in their file)."""
-    import pyarrow as pa
+    rows ``skip`` names (by index in their file). Files named by URL are
+    read from the store ``settings`` describes (default: the environment's)."""
     import pyarrow.parquet as pq
 
+    opened = output.Filesystems(settings or ObjectStoreSettings())
     # A file's row groups in a share follow each other: each file opened once.
     for path, of_file in groupby(units, key=lambda u: u.path):
         groups = list(of_file)
-        partition = groups[0].partition
+        filesystem, located = opened(path)
         # Spark's INT96 timestamps are microseconds.
-        parquet = pq.ParquetFile(path, coerce_int96_timestamp_unit="us")
-        present = set(parquet.schema_arrow.names)
-        stored = [field.name for field in fed if field.name in present]
-        dropped = (skip or {}).get(path)
-        if dropped:
-            read = _without(parquet, [g.row_group for g in groups], stored, batch_rows, dropped)
-        else:
-            read = parquet.iter_batches(
-                batch_size=batch_rows, row_groups=[g.row_group for g in groups], columns=stored
-            )
-        for batch in read:
-            rows = batch.num_rows
-            arrays = []
-            for field in fed:
-                if field.name in present:
-                    arrays.append(batch.column(field.name).cast(field.type))
-                elif field.name in partition:
-                    value = pa.scalar(partition[field.name])
-                    arrays.append(pa.repeat(value, rows).cast(field.type))
-                else:
-                    arrays.append(pa.nulls(rows, field.type))
-            yield pa.RecordBatch.from_arrays(arrays, schema=fed)
+        parquet = pq.ParquetFile(located, coerce_int96_timestamp_unit="us", filesystem=filesystem)
+        try:
+            yield from _read_file(parquet, path, groups, fed, batch_rows, skip)
+        finally:
+            parquet.close()
+
+
+def _read_file(
+    parquet: Any,
+    path: str,
+    groups: list[Unit],
+    fed: pa.Schema,
+    batch_rows: int,
+    skip: Mapping[str, Sequence[int]] | None,
+) -> Iterator[pa.RecordBatch]:
+    """``read_units`` of one file's ``groups``."""
+    import pyarrow as pa
+
+    partition = groups[0].partition
+    present = set(parquet.schema_arrow.names)
+    stored = [field.name for field in fed if field.name in present]
+    dropped = (skip or {}).get(path)
+    if dropped:
+        read = _without(parquet, [g.row_group for g in groups], stored, batch_rows, dropped)
+    else:
+        read = parquet.iter_batches(
+            batch_size=batch_rows, row_groups=[g.row_group for g in groups], columns=stored
+        )
+    for batch in read:
+        rows = batch.num_rows
+        arrays = []
+        for field in fed:
+            if field.name in present:
+                arrays.append(batch.column(field.name).cast(field.type))
+            elif field.name in partition:
+                value = pa.scalar(partition[field.name])
+                arrays.append(pa.repeat(value, rows).cast(field.type))
+            else:
+                arrays.append(pa.nulls(rows, field.type))
+        yield pa.RecordBatch.from_arrays(arrays, schema=fed)
 
 
 def _without(
@@ -346,7 +387,9 @@ def _without(
                 yield batch.filter(pa.array(kept))
 
 
-def _runner(event_bytes: bytes, cache_dir: str) -> model_loading.Runner:
+def _runner(
+    event_bytes: bytes, cache_dir: str, settings: ObjectStoreSettings
+) -> model_loading.Runner:
     event = models_pb2.ModelReady.FromString(event_bytes)
     key = (event.model_name, event.version, event.sha256)
     runner = _RUNNERS.get(key)
@@ -355,7 +398,7 @@ def _runner(event_bytes: bytes, cache_dir: str) -> model_loading.Runner:
         # at the same time, and each verifies the copy it loads.
         Path(cache_dir).mkdir(parents=True, exist_ok=True)
         own = Path(tempfile.mkdtemp(prefix=f"worker-{os.getpid()}-", dir=cache_dir))
-        directory = model_loading.fetch(event, own)
+        directory = model_loading.fetch(event, own, settings)
         # One thread per task: Spark runs as many tasks as it has cores.
         runner = model_loading.load(event, directory, intra_op_threads=1)
         _RUNNERS[key] = runner

@@ -18,8 +18,21 @@ def score(
             metavar="MODEL[@VERSION]", help="default version: the one served (AISTACK_MODEL_POLICY)"
         ),
     ],
-    input: Annotated[str, typer.Option("--input", help="Parquet file or directory to score")],
-    output: Annotated[str, typer.Option(help="a new directory for the predictions")],
+    input: Annotated[
+        str,
+        typer.Option(
+            "--input",
+            help="Parquet file or directory to score: a path, or s3://bucket/prefix "
+            "(s3a://) on the object store (AISTACK_OBJECT_STORE_*)",
+        ),
+    ],
+    output: Annotated[
+        str,
+        typer.Option(
+            help="a new directory for the predictions: a path, or s3://bucket/prefix "
+            "(s3a://) on the object store, complete once it holds _lineage.json"
+        ),
+    ],
     columns: Annotated[
         str | None,
         typer.Option(
@@ -52,6 +65,7 @@ def score(
     ] = False,
 ) -> int:
     """Score a Parquet file with a model's version in a Spark job."""
+    from shared import object_store
     from shared.settings import load_settings
     from svc_score import app
     from svc_score.settings import ScoreSettings
@@ -62,7 +76,7 @@ def score(
             load_settings(ScoreSettings),
             model,
             input_path=input,
-            output=Path(output),
+            output=output if object_store.is_object_url(output) else Path(output),
             columns=chosen,
             where=where or "",
             publish=publish,

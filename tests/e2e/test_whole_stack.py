@@ -1,13 +1,20 @@
 """The whole flow on the real stack, in secure mode (``aistack up --secure``:
 every service its own Kafka principal and Redis user under ACLs, TLS
-everywhere, the gRPC servers with a token): a raw event from a plain Kafka
-client to the clean topic, the windows, the offline and online stores; a
-small study through the trainers; its best model served; a prediction over
-gRPC; and a prediction by entity traced back to the raw offset under it."""
+everywhere, the gRPC servers with a token) with every file on the object
+store (``--object-store``: the offline store, svc_transform's checkpoints,
+the trainers' artifacts, checkpoints and TensorBoard runs on its bucket): a
+raw event from a plain Kafka client to the clean topic, the windows, the
+offline and online stores; a small study through the trainers; its best
+model served; a prediction over gRPC; a prediction by entity traced back to
+the raw offset under it; and the offline store scored in batch, from the
+bucket to the bucket."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,9 +29,11 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from aistack.studies import load_spec
+from compose.object_store import BUCKET
 from compose.stack import ServiceStack
+from shared import model_registry
 from shared.bus.consumer import BusTail
-from shared.bus.topics import EVENTS_CLEAN, EVENTS_RAW, FEATURES_WINDOWS
+from shared.bus.topics import EVENTS_CLEAN, EVENTS_RAW, FEATURES_WINDOWS, MODELS_READY
 from shared.contracts.aistack.v1 import events_pb2, features_pb2
 from shared.contracts.aistack.v1 import tuner_service_pb2 as api
 from shared.contracts.aistack.v1.tuner_service_pb2_grpc import TunerServiceStub
@@ -32,6 +41,7 @@ from shared.contracts.inference import grpc_predict_v2_pb2 as pb
 from shared.contracts.inference import grpc_predict_v2_pb2_grpc as pb_grpc
 from shared.errors import NotFound
 from shared.feature_store import ONLINE_KEY_PREFIX, decode_window, online_key
+from shared.object_store import filesystem
 from shared.redis_client import make_redis
 from shared.rpc.client import open_sync_channel
 from shared.settings import KafkaSettings
@@ -66,7 +76,7 @@ seed: 3
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStack]:
     settings = settings_on_free_ports(tmp_path_factory.mktemp("e2e-state"))
-    secure = settings.infra.model_copy(update={"secure": True})
+    secure = settings.infra.model_copy(update={"secure": True, "object_store": True})
     running = ServiceStack(settings.model_copy(update={"infra": secure}))
     try:
         running.up()
@@ -88,14 +98,16 @@ def eventually(what: str, probe: Callable[[], T | None], timeout: float, stack: 
 
 
 def offline_rows(stack: ServiceStack, entity: str, columns: list[str] | None = None) -> Any:
-    """The entity's rows in the stack's offline store (a pyarrow Table), or
-    None while the store has no files yet."""
+    """The entity's rows in the stack's offline store (on its bucket: a
+    pyarrow Table), or None while the store has no files yet."""
     import pyarrow.dataset as ds
 
-    root = stack.settings.infra.common.state_dir / "features" / "windows"
-    if not root.is_dir():
+    from shared.offline_store import OfflineStoreError, open_store
+
+    try:
+        store = open_store(stack.offline_store(), stack.object_store_settings())
+    except OfflineStoreError:
         return None
-    store = ds.dataset(root, format="parquet", partitioning="hive")
     if "entity_id" not in store.schema.names:
         return None  # the directory is there, its first files are not yet
     return store.to_table(filter=ds.field("entity_id") == entity, columns=columns)
@@ -254,7 +266,7 @@ def test_a_prediction_by_entity_is_traced_to_the_raw_offset_under_it(
     request_id = response.parameters["request_id"].string_param
     assert request_id and response.id == request_id
 
-    settings = LineageSettings(kafka=kafka)
+    settings = LineageSettings(kafka=kafka, object_store=stack.object_store_settings())
 
     def traced_tree() -> dict[str, Any] | None:
         try:
@@ -272,6 +284,24 @@ def test_a_prediction_by_entity_is_traced_to_the_raw_offset_under_it(
         if entry["topic"] == EVENTS_RAW and entry["partition"] == partition
     ]
     assert raw and offset in raw[0]["offsets"], json.dumps(tree, indent=1)[:4000]
+
+    # The model's artifact is on the bucket, and so is the store it learnt
+    # from: `aistack score` reads the one and the other and writes its
+    # predictions there too.
+    registry = model_registry.read(kafka, MODELS_READY, 60)
+    ready = registry.version(best.model_name, best.model_version, "champion")
+    assert ready.artifact_uri.startswith(f"s3://{BUCKET}/artifacts/"), ready.artifact_uri
+    assert stack.offline_store().startswith(f"s3://{BUCKET}/")
+    output = f"s3://{BUCKET}/scores/{run}"
+    command = [sys.executable, "-m", "aistack.cli", "score", best.model_name]
+    command += ["--input", stack.offline_store(), "--output", output]
+    env = {**os.environ, **stack.client_env(), "AISTACK_SPARK_MASTER": "local[2]"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    fs, scores = filesystem(output, stack.object_store_settings())
+    lineage = json.loads(fs.cat_file(f"{scores}/_lineage.json"))
+    assert lineage["version"] == best.model_version and lineage["rows"] >= MINUTES, lineage
+    assert [p for p in fs.ls(scores, detail=False) if p.endswith(".parquet")]
 
 
 def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -408,7 +438,7 @@ def test_the_demos_events_flow_twice_on_one_state(stack: ServiceStack) -> None:
     from demo.run import Demo, DemoOptions
 
     args = DemoOptions(sensor_events=1_200, weblog_events=200)
-    epochs = stack.settings.infra.common.state_dir / "transform" / "epochs"
+    fs, epochs = filesystem(f"s3://{BUCKET}/transform/epochs", stack.object_store_settings())
     windows, said = [], []
     for _ in range(2):
         out = io.StringIO()
@@ -418,9 +448,11 @@ def test_the_demos_events_flow_twice_on_one_state(stack: ServiceStack) -> None:
         said.append(out.getvalue())
     assert "starts a fresh event-time epoch" in said[1], said[1]
     assert windows[1] >= 0.8 * windows[0] > 0, (windows, said)
-    archived = sorted(epochs.iterdir())[-1]
-    assert (archived / "checkpoint" / "windows" / "offsets").is_dir()
-    assert str(archived) in said[1]
+    # Moved aside on the bucket, where the stack keeps them.
+    archived = sorted(fs.ls(epochs, detail=False, refresh=True))[-1]
+    assert fs.find(f"{archived}/checkpoint/windows/offsets")
+    assert fs.find(f"{archived}/offline")
+    assert f"s3://{archived}" in said[1]
 
 
 def test_the_whole_stack_under_chaos_loses_nothing_and_doubles_nothing(

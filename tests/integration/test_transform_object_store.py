@@ -19,6 +19,7 @@ from shared.object_store import filesystem
 from shared.offline_store import latest_windows, open_store, selection, training_distribution
 from svc_transform.sinks import WindowSink
 from tests.infra import Infra, read_records, read_topic, wait_until
+from tests.integration import test_transform_job as transform_tests
 from tests.integration.test_transform_job import QUERY, T0, publish, reading
 from tests.integration.transform_job import TransformJob, TransformTopics
 from tests.object_store import LocalObjectStore
@@ -28,18 +29,9 @@ pytestmark = pytest.mark.timeout(300)
 TUMBLING = "tumbling-10s"
 
 
-@pytest.fixture
-def topics(infra: Infra, unique: str) -> TransformTopics:
-    created = TransformTopics.unique(unique)
-    created.create(infra.kafka)
-    return created
-
-
-@pytest.fixture
-def producer(infra: Infra) -> Iterator[BusProducer]:
-    made = BusProducer(infra.kafka, source="tests")
-    yield made
-    made.flush()
+# The job's own topics and a producer onto them, as the job's tests make them.
+topics = transform_tests.topics
+producer = transform_tests.producer
 
 
 def on_the_store(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +15,6 @@ import pytest
 
 from shared import model_loading
 from shared.contracts.aistack.v1 import models_pb2
-from shared.errors import InvalidArgument
 from svc_score import job, tasks
 from svc_score.plan import plan
 from tests.unit.test_score_plan import ready
@@ -30,9 +30,20 @@ def test_the_input_digest_changes_when_a_file_is_rewritten(tmp_path: Path) -> No
     assert job.input_digest([str(path)]) != before
 
 
-def test_only_local_files_are_fingerprinted() -> None:
-    with pytest.raises(InvalidArgument, match="local files only"):
-        job.input_digest(["s3://bucket/part.parquet"])
+def test_an_objects_fingerprint_is_its_path_size_and_version_from_a_listing() -> None:
+    import fsspec
+
+    memory = fsspec.filesystem("memory")
+    folder = f"/score-digest-{uuid.uuid4().hex}"
+    memory.pipe_file(f"{folder}/a b.parquet", b"one")
+    memory.pipe_file(f"{folder}/c.parquet", b"two")
+    # As Hadoop lists them: the path escaped.
+    urls = [f"memory://{folder}/a%20b.parquet", f"memory://{folder}/c.parquet"]
+    before = job.input_digest(urls)
+    assert job.input_digest(list(reversed(urls))) == before
+    assert job.input_digest([f"memory://{folder}/a b.parquet", urls[1]]) == before
+    memory.pipe_file(f"{folder}/c.parquet", b"three")
+    assert job.input_digest(urls) != before
 
 
 def test_a_failed_task_is_told_by_the_workers_last_line() -> None:
