@@ -119,8 +119,7 @@ def begin_fresh_epoch(stack: ServiceStack, kafka: KafkaSettings) -> Epoch:
         if object_store.is_object_url(location):
             fs, path = object_store.filesystem(location, settings.object_store)
             archive = f"s3://{path.split('/', 1)[0]}/{relative}"
-            if fs.exists(path):
-                fs.mv(path, f"{archive.removeprefix('s3://')}/{kind}", recursive=True)
+            object_store.move_tree(fs, path, f"{archive.removeprefix('s3://')}/{kind}")
         else:
             archive = str(settings.common.state_dir / relative)
             Path(archive).mkdir(parents=True, exist_ok=True)

@@ -179,6 +179,27 @@ def ride_out(call: Callable[[], T], *, seconds: float, what: str) -> T:
             time.sleep(_RETRY_PAUSE_S)
 
 
+def move_tree(fs: Any, source: str, target: str) -> int:
+    """Every object under ``source`` to the same name under ``target`` on
+    the store ``fs``, copied (server-side) then removed: an object store has
+    no rename. The directory markers some writers leave (S3A's ``dir/``,
+    empty objects named with a trailing slash) are removed, not copied:
+    s3fs names them without it, a key no object has. Returns how many moved."""
+    fs.invalidate_cache()
+    prefix = source.rstrip("/") + "/"
+    found = [path for path in fs.find(source) if path.startswith(prefix)]
+    objects = [path for path in found if not path.endswith("/")]
+    for path in objects:
+        fs.copy(path, f"{target.rstrip('/')}/{path[len(prefix) :]}")
+    if objects:
+        fs.rm(objects)
+    for marker in (path for path in found if path.endswith("/")):
+        bucket, _, key = marker.partition("/")
+        fs.call_s3("delete_object", Bucket=bucket, Key=key)
+    fs.invalidate_cache()
+    return len(objects)
+
+
 def create_bucket(settings: ObjectStoreSettings, bucket: str) -> None:
     """Create ``bucket`` unless the store has it already. Asked outright: a
     store may answer a bucket's existence loosely (S3Proxy's HEAD does)."""

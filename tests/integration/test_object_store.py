@@ -223,3 +223,21 @@ def test_tensorboard_shows_a_run_mirrored_to_the_bucket(
         server.wait(timeout=30)
     [[_, step, value]] = points
     assert (step, value) == (1, 0.5)
+
+
+def test_a_tree_is_moved_aside_on_the_bucket_markers_and_all(
+    object_store: LocalObjectStore, unique: str
+) -> None:
+    """What a fresh event-time epoch does to svc_transform's checkpoint and
+    offline store there: every object to the archive, none left behind,
+    the directory markers S3A writes passed over."""
+    from shared.object_store import move_tree
+
+    fs, root = filesystem(object_store.url(unique), object_store.settings)
+    for name in ("checkpoint/offsets/0", "checkpoint/commits/0", "checkpoint/metadata"):
+        fs.pipe_file(f"{root}/{name}", name.encode())
+    fs.pipe_file(f"{root}/checkpoint/sources/", b"")  # a directory marker
+    assert move_tree(fs, f"{root}/checkpoint", f"{root}/epochs/1/checkpoint") == 3
+    fs.invalidate_cache()
+    assert not fs.find(f"{root}/checkpoint")
+    assert fs.cat_file(f"{root}/epochs/1/checkpoint/offsets/0") == b"checkpoint/offsets/0"
