@@ -143,6 +143,7 @@ def study(
 ) -> float:
     """Wall seconds of ``bench.user_code``'s study with the trainer's
     artifact store at ``artifacts``."""
+    state.mkdir(parents=True, exist_ok=True)
     return on_the_bus(trials, table, state, artifacts=artifacts, object_store=store).wall
 
 

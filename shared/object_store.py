@@ -268,6 +268,11 @@ def hadoop_options(settings: ObjectStoreSettings) -> dict[str, str]:
         "connection.timeout": "60000",
         "committer.name": S3A_COMMITTER,
         "committer.magic.enabled": "true",
+        # A task's uploads listed in its own memory, not as a .pending
+        # object each (HADOOP-17833): Spark commits a task in the process
+        # that wrote it. bench.object_store: the offline store's write on
+        # the bucket 14.2 s without, 9.0 s with (6.4 s on disk).
+        "committer.magic.track.commits.in.memory.enabled": "true",
     }
     if settings.endpoint:
         s3a["endpoint"] = settings.endpoint
