@@ -134,17 +134,21 @@ def _print_infra(statuses: list[ServerStatus]) -> None:
 def up(
     brokers: Brokers = None,
     secure: Secure = False,
+    object_store: ObjectStore = False,
     dashboard: Annotated[
         bool, typer.Option("--dashboard", help="then start the dashboards (aistack dashboard)")
     ] = False,
 ) -> int:
-    """Start Kafka, Redis and every service as local processes; wait until ready."""
+    """Start Kafka, Redis (the object store) and every service as local
+    processes; wait until ready. With an object store every service keeps
+    its files on its bucket."""
     from compose.settings import apply_infra_flags
 
-    apply_infra_flags(brokers, secure)
+    apply_infra_flags(brokers, secure, object_store)
     stack = _service_stack()
     services = len(stack.names) - len(stack.infra.names)
-    print(f"starting Kafka, Redis and {services} services …", flush=True)
+    store = ", the object store" if stack.infra.object_store is not None else ""
+    print(f"starting Kafka, Redis{store} and {services} services …", flush=True)
     _print_stack(stack.up(progress=lambda s: print(f"ready: {s.name}", flush=True)))
     if dashboard:
         _dashboards_up(stack)
