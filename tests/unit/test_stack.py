@@ -211,6 +211,44 @@ def test_where_things_are_is_the_stacks_to_say(
     assert env["AISTACK_STATE_DIR"] == str(tmp_path / "mine")
 
 
+def test_with_an_object_store_every_service_keeps_its_files_on_the_bucket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``aistack up --object-store``: each service reaches the store with the
+    infra's key and finds its paths on the bucket, unless the user set one;
+    TensorBoard reads the runs there with its own S3 reader."""
+    from compose.object_store import BUCKET
+
+    for name in ("AISTACK_TRAINER_ARTIFACT_ROOT", "AISTACK_TRAINER_TENSORBOARD_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AISTACK_TRANSFORM_OFFLINE_DIR", "s3a://mine/windows")
+    settings = stack_settings(tmp_path)
+    (store_port,) = free_ports(1)
+    infra = settings.infra.model_copy(
+        update={"object_store": True, "object_store_port": store_port}
+    )
+    stack = ServiceStack(settings.model_copy(update={"infra": infra}))
+    trainer = stack.service_env("svc_trainer-1")
+    transform = stack.service_env("svc_transform")
+    for env in (trainer, transform, stack.service_env("svc_model"), stack.client_env()):
+        assert env["AISTACK_OBJECT_STORE_ENDPOINT"] == f"http://127.0.0.1:{store_port}"
+        assert env["AISTACK_OBJECT_STORE_PATH_STYLE"] == "true"
+        assert env["AISTACK_OBJECT_STORE_SECRET_ACCESS_KEY"]
+    assert trainer["AISTACK_TRAINER_ARTIFACT_ROOT"] == f"s3://{BUCKET}/artifacts"
+    assert transform["AISTACK_TRANSFORM_CHECKPOINT_DIR"].startswith(f"s3a://{BUCKET}/")
+    assert transform["AISTACK_TRANSFORM_OFFLINE_DIR"] == "s3a://mine/windows"  # the user's
+    assert stack.offline_store() == "s3://mine/windows"
+    assert "object-store" in [use.service for use in stack.settings.ports()]
+
+    board = stack._service("tensorboard")
+    command = stack._command(board)
+    assert command[1:3] == ["-m", "svc_trainer.tensorboard"]
+    assert f"--logdir=s3://{BUCKET}/tensorboard" in command and "--load_fast=false" in command
+    env = stack.service_env("tensorboard")
+    assert env["S3_ENDPOINT"] == f"http://127.0.0.1:{store_port}"
+    assert env["AWS_SECRET_ACCESS_KEY"] == trainer["AISTACK_OBJECT_STORE_SECRET_ACCESS_KEY"]
+
+
 # ---- names ----
 
 
