@@ -100,7 +100,8 @@ class ClientSettings(BaseSettings):
         state_dir = self.lineage.common.state_dir
         return self.artifacts.artifact_root or str(state_dir / "artifacts")
 
-    def features_path(self) -> Path:
-        """The offline store: the setting, else svc_transform's default."""
+    def features_path(self) -> str:
+        """The offline store: the setting (a directory, or a URL on the
+        object store), else svc_transform's default."""
         given = self.artifacts.features_path
-        return Path(given) if given else self.lineage.common.state_dir / "features" / "windows"
+        return given or str(self.lineage.common.state_dir / "features" / "windows")

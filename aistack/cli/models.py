@@ -123,7 +123,9 @@ def register(
         from shared.offline_store import training_distribution
 
         bounds = (_moment(windows_from, "--windows-from"), _moment(windows_to, "--windows-to"))
-        reference = training_distribution(settings.features_path(), feature, bounds)
+        reference = training_distribution(
+            settings.features_path(), feature, bounds, settings.lineage.object_store
+        )
     with tempfile.TemporaryDirectory(prefix="aistack-artifact-") as scratch:
         event = models.register(
             settings,

@@ -104,3 +104,17 @@ def test_botocore_s_connection_errors_are_outages() -> None:
     assert object_store.is_outage(EndpointConnectionError(endpoint_url="http://x"))
     assert object_store.is_outage(ReadTimeoutError(endpoint_url="http://x"))
     assert not object_store.is_outage(FileNotFoundError("no such key"))
+
+
+def test_the_command_line_takes_the_offline_store_on_the_bucket_as_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``aistack models register --feature`` reads the offline store where
+    the trainers do, a URL kept whole (a Path would fold ``s3://`` to ``s3:/``)."""
+    from aistack.settings import ClientSettings
+
+    monkeypatch.setenv("AISTACK_TRAINER_FEATURES_PATH", "s3://aistack/features/windows")
+    monkeypatch.setenv("AISTACK_OBJECT_STORE_ENDPOINT", "http://127.0.0.1:9000")
+    settings = load_settings(ClientSettings)
+    assert settings.features_path() == "s3://aistack/features/windows"
+    assert settings.lineage.object_store.endpoint == "http://127.0.0.1:9000"
