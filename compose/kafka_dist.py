@@ -23,7 +23,7 @@ def classpath(cache_dir: Path) -> str:
 
 
 def is_fetched(cache_dir: Path) -> bool:
-    return maven.is_fetched(kafka_home(cache_dir))
+    return maven.is_fetched(kafka_home(cache_dir), POM)
 
 
 def ensure_kafka_jars(cache_dir: Path) -> Path:

@@ -54,10 +54,6 @@ def home(cache_dir: Path) -> Path:
     return cache_dir / f"s3proxy-{S3PROXY_VERSION}"
 
 
-def is_fetched(cache_dir: Path) -> bool:
-    return maven.is_fetched(home(cache_dir))
-
-
 def ensure_jars(cache_dir: Path) -> Path:
     """Resolve S3Proxy's jars into the cache (a no-op when already there)."""
     return maven.fetch_runtime(

@@ -57,7 +57,7 @@ def stored_watermark(
     """The latest watermark any query under ``checkpoint`` (a directory, or a
     URL on the object store ``settings`` describes) recorded (Spark's offset
     log), or None when none has one yet."""
-    fs, root = object_store.filesystem(str(checkpoint), settings or ObjectStoreSettings())
+    fs, root = object_store.filesystem(str(checkpoint), settings)
     found = 0
     for log in fs.glob(f"{root.rstrip('/')}/*/offsets"):
         batches = [p for p in fs.ls(log, detail=False) if p.rsplit("/", 1)[-1].isdigit()]

@@ -11,7 +11,6 @@ modules it loads (not the SDK's 500 MB bundle) and spark-hadoop-cloud.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from shared import maven
@@ -22,14 +21,7 @@ POM = Path(__file__).resolve().parent / "s3a" / "pom.xml"
 
 
 def home(cache_dir: Path) -> Path:
-    """Named after the pom's digest: a copy is complete once fetched
-    (``maven.is_fetched``), so a changed pom must name another."""
-    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
-    return cache_dir / f"hadoop-s3a-{HADOOP_VERSION}-{digest}"
-
-
-def is_fetched(cache_dir: Path) -> bool:
-    return maven.is_fetched(home(cache_dir))
+    return cache_dir / f"hadoop-s3a-{HADOOP_VERSION}"
 
 
 def ensure_jars(cache_dir: Path) -> list[Path]:

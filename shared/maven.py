@@ -2,11 +2,14 @@
 
 Each runtime is a ``pom.xml`` whose dependencies are the jars wanted; Maven
 copies them (runtime scope: what the pom marks ``provided`` is left out) into
-``<home>/libs``, and a stamp file marks the copy complete.
+``<home>/libs``, and a stamp file marks the copy complete: of that pom,
+whose digest it holds, so that a changed pom (a dependency added or pinned)
+is fetched again into the same home.
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import tempfile
@@ -17,8 +20,14 @@ from shared.errors import ConfigError, Unavailable
 _STAMP = ".complete"
 
 
-def is_fetched(home: Path) -> bool:
-    return (home / _STAMP).is_file()
+def is_fetched(home: Path, pom: Path) -> bool:
+    """Whether ``home`` holds a complete copy of ``pom``'s runtime as it is now."""
+    stamp = home / _STAMP
+    return stamp.is_file() and _digest(pom) in stamp.read_text().splitlines()
+
+
+def _digest(pom: Path) -> str:
+    return hashlib.sha256(pom.read_bytes()).hexdigest()
 
 
 def fetch_runtime(pom: Path, home: Path, *, expect: str, what: str) -> Path:
@@ -27,7 +36,7 @@ def fetch_runtime(pom: Path, home: Path, *, expect: str, what: str) -> Path:
     ``expect`` is a glob that must match a copied jar. Raises ConfigError when
     Maven is missing and Unavailable when Maven Central cannot be reached.
     """
-    if is_fetched(home):
+    if is_fetched(home, pom):
         return home
     mvn = shutil.which("mvn")
     if mvn is None:
@@ -57,5 +66,5 @@ def fetch_runtime(pom: Path, home: Path, *, expect: str, what: str) -> Path:
             shutil.rmtree(home)
         home.mkdir(parents=True)
         libs.rename(home / "libs")
-    (home / _STAMP).write_text(what + "\n")
+    (home / _STAMP).write_text(f"{what}\n{_digest(pom)}\n")
     return home

@@ -113,15 +113,17 @@ def s3_filesystem(settings: ObjectStoreSettings) -> Any:
     return s3fs.S3FileSystem(skip_instance_cache=True, **s3fs_options(settings))
 
 
-def filesystem(url: str, settings: ObjectStoreSettings) -> tuple[Any, str]:
+def filesystem(url: str, settings: ObjectStoreSettings | None = None) -> tuple[Any, str]:
     """(fsspec filesystem, path on it) of ``url``: the object store for
-    ``s3://`` and ``s3a://``, fsspec's for any other URL, the local
-    filesystem for a plain path. FailedPrecondition when no fsspec backend
-    knows the scheme."""
+    ``s3://`` and ``s3a://`` (``settings``; None: the environment's, for a
+    command or a child process such as a trial), fsspec's for any other URL,
+    the local filesystem for a plain path. FailedPrecondition when no fsspec
+    backend knows the scheme."""
     import fsspec
 
     if is_object_url(url):
-        return s3_filesystem(settings), url.partition("://")[2].rstrip("/")
+        store = settings or ObjectStoreSettings()
+        return s3_filesystem(store), url.partition("://")[2].rstrip("/")
     try:
         fs, path = fsspec.core.url_to_fs(url)
     except (ImportError, ValueError) as exc:

@@ -81,7 +81,7 @@ def open_store(root: Root, settings: ObjectStoreSettings | None = None) -> Any:
     try:
         if not is_url(root):
             return _dataset(str(root))
-        filesystem, path = object_store.filesystem(str(root), settings or ObjectStoreSettings())
+        filesystem, path = object_store.filesystem(str(root), settings)
         return _dataset(path, _arrow_filesystem(filesystem))
     except (OSError, ValueError) as exc:
         raise OfflineStoreError(f"cannot read the Parquet store {root}: {exc}") from exc
@@ -112,7 +112,7 @@ def open_store_files(files: Sequence[str], settings: ObjectStoreSettings | None 
     try:
         if not files or not is_url(files[0]):
             return _dataset(list(files))
-        filesystem, _ = object_store.filesystem(files[0], settings or ObjectStoreSettings())
+        filesystem, _ = object_store.filesystem(files[0], settings)
         paths = [_path_of(filesystem, name) for name in files]
         return _dataset(paths, _arrow_filesystem(filesystem))
     except (OSError, ValueError) as exc:
@@ -319,7 +319,7 @@ def superseded(
         return {}
     named: dict[str, str] = {}
     if files and is_url(files[0]):
-        filesystem, _ = object_store.filesystem(files[0], settings or ObjectStoreSettings())
+        filesystem, _ = object_store.filesystem(files[0], settings)
         named = {_path_of(filesystem, name): name for name in files}
     spans: dict[tuple[Any, Any], list[tuple[int, int, int, str]]] = {}
     fragments = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from shared import object_store
 from shared.bus.topics import (
     EVENTS_CLEAN,
     EVENTS_DLQ,
@@ -43,12 +44,19 @@ class TransformApp:
                 TOPICS_BY_NAME[EVENTS_DLQ].named(settings.dlq_topic),
             ],
         )
+        # The cloud committers only where a path is on the store: local disk
+        # keeps Spark's default commit protocol, whose dynamic partition
+        # overwrite replaces a replayed batch's partition.
+        on_the_store = any(
+            object_store.is_object_url(path)
+            for path in (settings.checkpoint_path(), settings.offline_path())
+        )
         spark = session(
             settings.spark,
             "svc_transform",
             cache_dir=settings.common.cache_dir,
             work_dir=settings.common.state_dir / "spark",
-            object_store=settings.object_store,
+            object_store=settings.object_store if on_the_store else None,
         )
         return cls(settings=settings, spark=spark)
 

@@ -83,14 +83,11 @@ def session_jars(cache_dir: Path) -> list[Path]:
 
 
 def connectors_home(cache_dir: Path) -> Path:
-    """Named after the pom's digest too: a copy is complete once fetched
-    (``maven.is_fetched``), so a changed pom must name another."""
-    digest = hashlib.sha256(POM.read_bytes()).hexdigest()[:12]
-    return cache_dir / f"spark-connectors_{SCALA_BINARY_VERSION}-{SPARK_VERSION}-{digest}"
+    return cache_dir / f"spark-connectors_{SCALA_BINARY_VERSION}-{SPARK_VERSION}"
 
 
 def is_fetched(cache_dir: Path) -> bool:
-    return maven.is_fetched(connectors_home(cache_dir))
+    return maven.is_fetched(connectors_home(cache_dir), POM)
 
 
 def ensure_connector_jars(cache_dir: Path) -> list[Path]:

@@ -41,7 +41,6 @@ from shared.feature_store import (
     online_field,
 )
 from shared.offline_store import Windows
-from shared.settings import ObjectStoreSettings
 from svc_trainer.data.options import BAD_DATASET, VERSION_CHARS, int_option
 from svc_trainer.plan import TASK_REGRESSION, DataSplits, TrialError
 
@@ -320,7 +319,7 @@ def _digest_files(root: offline_store.Root, files: Sequence[str], selection: str
 def _object_stamps(root: str) -> dict[str, str]:
     """Each object's size and ETag under the store's URL ``root``, by URL,
     from one listing (not a request per file)."""
-    fs, path = object_store.filesystem(root, ObjectStoreSettings())
+    fs, path = object_store.filesystem(root)
     scheme = object_store.scheme(root)
     return {
         f"{scheme}://{name}": f"{info.get('size')}|{info.get('ETag') or info.get('LastModified')}"

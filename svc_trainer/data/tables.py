@@ -168,11 +168,10 @@ def _locate(path: str) -> tuple[Any, str, list[str]]:
     a directory): the URL's filesystem, the local one for a path."""
     from shared import object_store
     from shared.errors import FailedPrecondition
-    from shared.settings import ObjectStoreSettings
 
     try:
         # A trial's process: the trainer's settings reach it as its environment.
-        fs, located = object_store.filesystem(path, ObjectStoreSettings())
+        fs, located = object_store.filesystem(path)
     except FailedPrecondition as exc:
         raise TrialError(f"table {path}: {exc}", reason=BAD_DATASET) from exc
     if any(c in located for c in "*?["):

@@ -97,10 +97,11 @@ def _read(uri: str) -> bytes:
         from shared.settings import ObjectStoreSettings
 
         # A trial's process: the trainer's settings reach it as its environment.
-        filesystem, path = object_store.filesystem(uri, ObjectStoreSettings())
+        settings = ObjectStoreSettings()
+        filesystem, path = object_store.filesystem(uri, settings)
         data: bytes = object_store.ride_out(
             lambda: filesystem.cat_file(path),
-            seconds=ObjectStoreSettings().ride_out_s,
+            seconds=settings.ride_out_s,
             what=f"code package {uri}",
         )
         return data
