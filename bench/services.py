@@ -156,12 +156,15 @@ class TunerUnderTest:
         )
         self.grpc = f"127.0.0.1:{free_port()}"
         self.metrics_port = free_port()
+        # Its trainers' group (Trainers joins it), which it places trials by.
+        self.trainer_group = f"bench-trainers-{suffix}"
         env = child_env(
             {
                 "AISTACK_LOG_LEVEL": "WARNING",
                 "AISTACK_TUNER_GRPC_ADDRESS": self.grpc,
                 "AISTACK_TUNER_STORAGE_PREFIX": f"bench:tuner:{suffix}",
                 "AISTACK_TUNER_GROUP_ID": f"bench-tuner-{suffix}",
+                "AISTACK_TUNER_TRAINER_GROUP_ID": self.trainer_group,
                 "AISTACK_TUNER_METRICS_PORT": str(self.metrics_port),
                 **{f"AISTACK_TUNER_{n.upper()}_TOPIC": t for n, t in self.topics.items()},
             },
@@ -216,7 +219,7 @@ class Trainers:
         warm: str = "torch",
         extra: Mapping[str, str] | None = None,
     ) -> None:
-        group = f"speedup-trainers-{uuid.uuid4().hex[:8]}"
+        group = tuner.trainer_group
         self.logs = [state / f"trainer-{group}-{i}.log" for i in range(count)]
         self.processes = [
             spawn(

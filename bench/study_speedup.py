@@ -20,7 +20,10 @@ its end:
    svc_trainer`` as deployed, on Kafka and Redis, one trial at a time; the
    trainer is running and its warm executor ready before the study, and
    the first trial loads the data;
-4. aistack with 2 trainers: the same with 4 trials in flight.
+4. aistack with 2 trainers: the same with 2 trials in flight, one per
+   trainer (the tuner places each where a trainer is free, by the trainers'
+   group's assignment; more in flight would queue trials on trainers and
+   give TPE more trials to lie about).
 
 After each aistack way, the CPU seconds each part used over the study: the
 trials' executors, the trainer services, the tuner, and the broker and
@@ -226,7 +229,7 @@ def on_the_bus(trainers: int, trials: int, state: Path) -> Outcome:
     replicas = Trainers(tuner, trainers, state)
     try:
         replicas.wait_warm()
-        parallel = 1 if trainers == 1 else 2 * trainers
+        parallel = trainers
         spec = SPEC.format(
             suffix=uuid.uuid4().hex[:8],
             startup=STARTUP_TRIALS,

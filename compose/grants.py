@@ -112,6 +112,8 @@ KAFKA_GRANTS: Mapping[str, tuple[Grant, ...]] = {
         *_topics(WRITE, TUNING_TRIALS, TUNING_CONTROL, TUNING_RESULTS, EVENTS_DLQ),
         _group("svc_tuner"),
         _group("svc_tuner.drift"),
+        # Whose partition of the trials topic is whose (svc_tuner.dispatch).
+        _group("svc_trainer", AclOperation.DESCRIBE),
     ),
     "svc_trainer": (
         *_topics(READ, TUNING_TRIALS, TUNING_CONTROL),

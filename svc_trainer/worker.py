@@ -155,7 +155,13 @@ class Worker:
             on_revoke=self._on_revoke,
             # A replica that dies is noticed in seconds and its trial goes to
             # another; the worker polls several times a second, even mid-trial.
-            config={"session.timeout.ms": 10_000, "heartbeat.interval.ms": 1_000},
+            # Named by its trainer id in the group, as in its reports: the
+            # tuner places trials by the group's assignment (shared.bus.groups).
+            config={
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 1_000,
+                "client.id": self._trainer_id,
+            },
         )
         control: BusTail[tuning_pb2.TrialControl] = BusTail(
             settings.kafka,

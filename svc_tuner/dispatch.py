@@ -4,14 +4,20 @@ Trainers take whole partitions of ``aistack.tuning.trials`` (one consumer
 group), not single records, so where a request lands decides which trainer
 trains it, and a trainer that owns more partitions than another (three
 partitions, two trainers) gets more of a blind round-robin. So the slots
-learn which trainer owns each partition from the reports (a report names
-its trainer; the last one for a partition wins, so a rebalance is learned
-as trials run) and a request goes to a partition of the trainer with the
-fewest trials in flight (placed and not ended, queued ones included): a
-partition whose owner is not known yet counts as a trainer of its own. On
-a tie, a partition freed by a trial that just ended comes first (its
-trainer has just become free), then round-robin. Kept in memory: a
-restarted tuner learns again, which is only less tidy.
+know which trainer owns each partition and a request goes to a partition
+of the trainer with the fewest trials in flight (placed and not ended,
+queued ones included). On a tie, a partition freed by a trial that just
+ended comes first (its trainer has just become free), then round-robin.
+
+The owners come from two places, the latest word winning: the trainers'
+consumer group as its coordinator describes it (``assigned``; the tuner
+asks before it places requests, at most every few seconds), and the
+reports (a report names its trainer, so a rebalance between two
+descriptions is learned as trials run). A partition whose owner is known
+from neither counts as a trainer of its own. Without the group's word, the
+first requests of a study with as many in flight as trainers could all
+land on one trainer while the other idled until reports came back. Kept in
+memory: a restarted tuner asks again.
 """
 
 from __future__ import annotations
@@ -32,6 +38,11 @@ class PartitionSlots:
         partition = self._placed.get(trial_id)
         if partition is not None and trainer_id:
             self._owners[partition] = trainer_id
+
+    def assigned(self, owners: dict[int, str]) -> None:
+        """The group's assignment now: partition → trainer id. Partitions
+        it does not name are held by nobody (unknown until reported)."""
+        self._owners = dict(owners)
 
     def ended(self, trial_id: str) -> None:
         """``trial_id`` ended (completed, pruned, failed): its partition is free."""

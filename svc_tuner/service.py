@@ -19,9 +19,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from confluent_kafka.admin import AdminClient
 from google.protobuf.message import Message
 
 from shared.bus.consumer import BusConsumer
+from shared.bus.groups import partition_owners
 from shared.bus.loop import Batch, ConsumeLoop, DeadLetters
 from shared.bus.producer import BusProducer
 from shared.bus.topics import partition_count
@@ -43,6 +45,10 @@ log = get_logger(SERVICE)
 
 T = TypeVar("T")
 
+#: How long the trainers' group's assignment, once asked for, is taken as
+#: current: between two asks, reports teach the rebalances (dispatch.py).
+OWNERS_TTL_S = 5.0
+
 
 class Tuner:
     def __init__(
@@ -60,6 +66,9 @@ class Tuner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watchers: dict[str, set[asyncio.Queue[str]]] = defaultdict(set)
         self._slots = PartitionSlots(partition_count(settings.kafka, settings.trials_topic))
+        self._admin = AdminClient(settings.kafka.client_config())
+        self._owners_asked_at = -OWNERS_TTL_S
+        self._owners_unknown_logged = False
 
     # ---- for the gRPC layer ----
 
@@ -271,6 +280,8 @@ class Tuner:
 
     def _publish(self, outcome: Outcome) -> None:
         settings = self.settings
+        if outcome.requests:
+            self._learn_owners()
         for request in outcome.requests:
             # Keyed by trial id, but placed where a trainer has just become
             # free (svc_tuner.dispatch): Kafka gives each trainer partitions,
@@ -291,6 +302,24 @@ class Tuner:
         for request in outcome.requests:
             self.engine.mark_published(request)
         self._notify(outcome.changed)
+
+    def _learn_owners(self) -> None:
+        """Ask the trainers' group whose partition is whose, at most every
+        ``OWNERS_TTL_S``; without an answer, placement goes on from reports."""
+        now = time.monotonic()
+        if now - self._owners_asked_at < OWNERS_TTL_S:
+            return
+        self._owners_asked_at = now
+        settings = self.settings
+        try:
+            owners = partition_owners(self._admin, settings.trainer_group_id, settings.trials_topic)
+        except Unavailable as exc:
+            if not self._owners_unknown_logged:
+                self._owners_unknown_logged = True
+                log.warning("dispatch.owners_unknown", error=exc.message)
+            return
+        if owners:
+            self._slots.assigned(owners)
 
     def _notify(self, changed: list[str]) -> None:
         loop = self._loop

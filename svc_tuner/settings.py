@@ -32,6 +32,10 @@ class TunerSettings(GrpcServerSettings):
     drift_topic: str = MONITORING_DRIFT
     # On the reports topic; the drift topic's group is this plus ".drift".
     group_id: str = "svc_tuner"
+    # The trainers' consumer group (their AISTACK_TRAINER_GROUP_ID): whose
+    # partition of the trials topic is whose, so that each request goes to a
+    # free trainer (svc_tuner.dispatch).
+    trainer_group_id: str = "svc_trainer"
     # Key prefix of Optuna's journal in Redis (one per tuner deployment).
     storage_prefix: str = Field(default="aistack:tuner", min_length=1)
     # How often studies are topped up and checked for lost trials.

@@ -11,14 +11,16 @@ from functools import partial
 
 import pytest
 import redis
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 from pydantic import SecretStr
 
 from compose.grants import KAFKA_GRANTS
 from compose.local import LocalStack
 from compose.settings import InfraSettings
-from shared.bus.topics import EVENTS_CLEAN, TOPICS, ensure_topics
+from shared.bus.groups import partition_owners
+from shared.bus.topics import EVENTS_CLEAN, TOPICS, TUNING_TRIALS, ensure_topics
+from shared.errors import Unavailable
 from shared.ports import free_ports
 from shared.redis_client import make_redis
 from shared.settings import CommonSettings, KafkaSettings
@@ -174,3 +176,32 @@ def test_redis_refuses_a_client_without_its_password_or_outside_its_keys(
     reasons = {(entry["reason"], entry["username"]) for entry in admin.acl_log()}
     assert ("auth", "svc_transform") in reasons
     assert ("command", "svc_model") in reasons
+
+
+def test_the_tuner_may_describe_the_trainers_group_and_svc_model_may_not(
+    secure: LocalStack,
+) -> None:
+    """The tuner places trials by the trainers' group's assignment."""
+    trainer = Consumer(
+        {
+            **secure.kafka_settings("svc_trainer").client_config(),
+            "group.id": "svc_trainer",
+            "client.id": "trainer-1",
+        }
+    )
+    trainer.subscribe([TUNING_TRIALS])
+    try:
+        tuner = AdminClient(secure.kafka_settings("svc_tuner").client_config())
+
+        def described() -> bool:
+            trainer.poll(0.2)
+            return partition_owners(tuner, "svc_trainer", TUNING_TRIALS) is not None
+
+        wait_until(described, 60, "the trainers' group never settled")
+        owners = partition_owners(tuner, "svc_trainer", TUNING_TRIALS)
+        assert owners is not None and set(owners.values()) == {"trainer-1"}
+        model = AdminClient(secure.kafka_settings("svc_model").client_config())
+        with pytest.raises(Unavailable, match="GROUP_AUTHORIZATION_FAILED"):
+            partition_owners(model, "svc_trainer", TUNING_TRIALS)
+    finally:
+        trainer.close()

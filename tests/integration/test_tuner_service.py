@@ -9,9 +9,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from aistack import cli
 from aistack.studies import load_spec
+from shared.bus.groups import partition_owners
 from shared.bus.producer import BusProducer
 from shared.bus.topics import partition_count
 from shared.contracts.aistack.v1 import events_pb2, tuning_pb2
@@ -109,6 +111,55 @@ def test_a_study_runs_to_completion_over_the_bus(
     assert announced.best_trial_id == best.trial.trial_id
     assert dict(announced.best_params) == dict(best.trial.params)
     assert dict(announced.trial_counts) == {"completed": 8}
+
+
+def test_with_as_many_in_flight_as_trainers_the_first_requests_go_one_to_each(
+    infra: Infra, topics: TunerTopics, unique: str, tmp_path: Path
+) -> None:
+    """Three partitions, two trainers: the range assignor gives one of them
+    partitions 0 and 1. The tuner asks the group whose partition is whose,
+    so neither trainer waits while the other queues (by round-robin, trials
+    0 and 1 went to partitions 0 and 1, both the same trainer's)."""
+    group = f"trainers-{unique}"
+    tuner = TunerProcess(infra, topics, f"test-tuner:{unique}", tmp_path, trainer_group=group)
+    range_assignor = {"partition.assignment.strategy": "range"}
+    trainers = [
+        AnalyticTrainer(
+            infra.kafka, topics, group=group, name=name, consumer_config=range_assignor
+        ).start()
+        for name in "ab"
+    ]
+    admin = AdminClient(infra.kafka.client_config())
+    try:
+        described: list[dict[int, str]] = []
+
+        def settled() -> bool:
+            # Members named by their client ids, both holding partitions.
+            owners = partition_owners(admin, group, topics.trials) or {}
+            described.append(owners)
+            return len(owners) == 3 and set(owners.values()) == {"a", "b"}
+
+        wait_until(settled, timeout=60, message=f"the trainers' group: {described[-3:]}")
+        owners = described[-1]
+        assert owners[0] == owners[1] != owners[2]  # the range assignor's split
+        text = SPEC.format(unique=unique, trials=4).replace("max_parallel: 3", "max_parallel: 2")
+        spec = load_spec(text)
+
+        async def scenario() -> None:
+            await _wait_ready(tuner.target)
+            async with open_channel(tuner.target) as channel:
+                stub = TunerServiceStub(channel)
+                created = await stub.CreateStudy(api.CreateStudyRequest(spec=spec))
+                await _watch_to_the_end(stub, created.study.study_id)
+
+        asyncio.run(scenario())
+    finally:
+        for trainer in trainers:
+            trainer.stop()
+        tuner.close()
+    trained_by = {r.trial_number: t.name for t in trainers for r in t.received}
+    assert len(trained_by) == 4
+    assert {trained_by[0], trained_by[1]} == {"a", "b"}
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,15 @@ class TunerTopics:
 class TunerProcess:
     """The service with its own gRPC port, Redis prefix and log file."""
 
-    def __init__(self, infra: Infra, topics: TunerTopics, prefix: str, log_dir: Path) -> None:
+    def __init__(
+        self,
+        infra: Infra,
+        topics: TunerTopics,
+        prefix: str,
+        log_dir: Path,
+        *,
+        trainer_group: str = "svc_trainer",
+    ) -> None:
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         self.log_path = log_dir / f"tuner-{self.port}.log"
@@ -80,6 +88,7 @@ class TunerProcess:
                 "AISTACK_TUNER_DLQ_TOPIC": topics.dlq,
                 "AISTACK_TUNER_DRIFT_TOPIC": topics.drift,
                 "AISTACK_TUNER_GROUP_ID": f"tuner-{prefix}",
+                "AISTACK_TUNER_TRAINER_GROUP_ID": trainer_group,
                 "AISTACK_TUNER_STORAGE_PREFIX": prefix,
                 "AISTACK_TUNER_TICK_SECONDS": "0.2",
                 "AISTACK_TUNER_METRICS_PORT": "0",
@@ -122,6 +131,10 @@ class AnalyticTrainer:
     kafka: KafkaSettings
     topics: TunerTopics
     group: str
+    # Its trainer id: in its reports and, as its client id, in the group.
+    name: str = "analytic"
+    # More consumer settings (an assignor, say).
+    consumer_config: dict[str, str] = field(default_factory=dict)
     epochs: int = 2
     objective: Callable[[tuning_pb2.TrialRequested], float] = quadratic
     # Further metrics of a completed trial (a baseline's value, say).
@@ -155,6 +168,7 @@ class AnalyticTrainer:
             group_id=self.group,
             topics=[self.topics.trials],
             message_cls=tuning_pb2.TrialRequested,
+            config={"client.id": self.name, **self.consumer_config},
         )
         producer = BusProducer(self.kafka, source="analytic-trainer")
         pending: list[tuning_pb2.TrialRequested] = []
@@ -185,7 +199,7 @@ class AnalyticTrainer:
                 trial_id=request.trial_id,
                 study_id=request.study_id,
                 attempt=request.attempt,
-                trainer_id="analytic",
+                trainer_id=self.name,
                 **event,  # type: ignore[arg-type]
             )
             producer.publish(self.topics.reports, report, key=request.study_id)

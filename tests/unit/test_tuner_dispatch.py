@@ -71,3 +71,28 @@ def test_a_rebalance_is_learned_from_the_next_report() -> None:
     # A report for a trial not in flight teaches nothing.
     slots.reported("other/1", "c")
     assert slots.place("s/4") == 1
+
+
+def test_with_the_groups_assignment_the_first_requests_go_one_to_each_trainer() -> None:
+    """As many in flight as trainers: without the group's word both first
+    requests went to "a" (partitions 0 and 1) and "b" idled until reports
+    came back."""
+    slots = PartitionSlots(3)
+    slots.assigned({0: "a", 1: "a", 2: "b"})
+    first = [slots.place(f"s/{n}") for n in range(2)]
+    assert sorted(first) == [0, 2]
+    slots.reported("s/0", "a")
+    slots.ended("s/0")
+    assert slots.place("s/2") == 0  # "a" is free again: its freed partition
+
+
+def test_a_later_assignment_replaces_what_was_known_and_a_report_overrides_it() -> None:
+    slots = PartitionSlots(2)
+    slots.assigned({0: "a", 1: "a"})
+    assert slots.place("s/0") == 0
+    assert slots.place("s/1") == 1  # all a's: round-robin among them
+    slots.assigned({0: "a", 1: "b"})  # "b" joined and took partition 1
+    slots.ended("s/1")
+    assert slots.place("s/2") == 1  # "b" has none in flight, "a" one
+    slots.reported("s/2", "a")  # partition 1 went back to "a" since
+    assert slots.place("s/3") == 0  # every partition is a's again: round-robin
