@@ -30,7 +30,11 @@ trials' executors, the trainer services, the tuner, and the broker and
 Redis where ``aistack infra up`` runs them, beside what the cores could
 give in that time (what none of them used, the cores stood idle).
 
-Prints, higher always better:
+Every way runs ``--rounds`` times (3), in an order reversed every other
+round (``bench.harness.round_order``), so that the machine's drift over the
+minutes of a run favours none of them. Prints each way's line per round
+and then, higher always better, the median over rounds of each round's
+ratio:
 
     bus_vs_ray_tune: ratio R (goal 1.0)            Ray Tune's wall time / aistack's, 1 at a time
     bus_vs_inprocess: ratio R (goal 0.95)          in-process wall time / aistack's, 1 at a time
@@ -48,9 +52,11 @@ import argparse
 import asyncio
 import contextlib
 import os
+import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,10 +73,16 @@ from bench.harness import (
     infra_pids,
     print_ratio,
     ray_tune_one_at_a_time,
+    round_order,
     tree_cpu_seconds,
 )
 from bench.services import Trainers, TunerUnderTest, run_study
 
+ONE = "aistack, 1 trainer"
+TWO = "aistack, 2 trainers"
+RAY = "Ray Tune (reuse_actors)"
+IN_PROCESS = "in-process Optuna"
+WAYS = [ONE, TWO, RAY, IN_PROCESS]
 GOAL_RAY = 1.0
 GOAL_INPROCESS = 0.95
 GOAL_TWO = 1.8
@@ -189,7 +201,9 @@ def train_one(params: dict[str, Any], number: int) -> float:
 def in_process(trials: int) -> Outcome:
     from svc_trainer.backends.torch import runner as torch_runner
 
+    global _DATA
     torch_runner.RUNNER.warm_up(1)
+    _DATA = None  # every way loads the data in its first trial, in every round
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=sampler())
     started = time.perf_counter()
@@ -266,6 +280,7 @@ def cpu_by_part(tuner: TunerUnderTest, replicas: Trainers) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
     profiling.add_flag(parser, "study_speedup")
     args = parser.parse_args()
 
@@ -286,15 +301,28 @@ def main() -> int:
             )
         return outcome
 
+    walls: dict[str, list[float]] = {name: [] for name in WAYS}
     with tempfile.TemporaryDirectory(prefix="aistack-bench-") as tmp:
-        one = show("aistack, 1 trainer", on_the_bus(1, args.trials, Path(tmp)))
-        two = show("aistack, 2 trainers", on_the_bus(2, args.trials, Path(tmp)))
-    ray_way = show("Ray Tune (reuse_actors)", ray_tune(args.trials))
-    local = show("in-process Optuna", in_process(args.trials))
-    print_ratio("bus_vs_ray_tune", ray_way.wall / one.wall, GOAL_RAY)
-    print_ratio("bus_vs_inprocess", local.wall / one.wall, GOAL_INPROCESS)
-    print_ratio("two_trainers_vs_inprocess", local.wall / two.wall, GOAL_TWO)
+        ways: dict[str, Callable[[], Outcome]] = {
+            ONE: lambda: on_the_bus(1, args.trials, Path(tmp)),
+            TWO: lambda: on_the_bus(2, args.trials, Path(tmp)),
+            RAY: lambda: ray_tune(args.trials),
+            IN_PROCESS: lambda: in_process(args.trials),
+        }
+        for number in range(args.rounds):
+            for name in round_order(WAYS, number):
+                outcome = show(f"round {number + 1}, {name}", ways[name]())
+                walls[name].append(outcome.wall)
+    print_ratio("bus_vs_ray_tune", median_ratio(walls[RAY], walls[ONE]), GOAL_RAY)
+    print_ratio("bus_vs_inprocess", median_ratio(walls[IN_PROCESS], walls[ONE]), GOAL_INPROCESS)
+    print_ratio("two_trainers_vs_inprocess", median_ratio(walls[IN_PROCESS], walls[TWO]), GOAL_TWO)
     return 0
+
+
+def median_ratio(peer: list[float], ours: list[float]) -> float:
+    """The median over rounds of the peer's wall time over ours, each round's
+    two taken minutes apart at most."""
+    return statistics.median(p / o for p, o in zip(peer, ours, strict=True))
 
 
 if __name__ == "__main__":
