@@ -133,6 +133,29 @@ def filesystem(url: str, settings: ObjectStoreSettings | None = None) -> tuple[A
     return fs, str(path)
 
 
+def arrow_filesystem(fs: Any) -> Any:
+    """An fsspec filesystem as pyarrow's, whose listings leave out S3A's
+    directory markers.
+
+    Spark's S3A client keeps an empty object named ``dir/`` for a directory
+    it made (Hadoop 3.4 keeps markers by default). s3fs lists one as a file
+    whose path ends in ``/``, and pyarrow's dataset discovery then fails to
+    open it (FileNotFoundError), so a store Spark wrote (the offline store,
+    a job's output) could not be read back at times. The directory itself
+    is still listed: its files are below it."""
+    from pyarrow.fs import FileSelector, FileType, FSSpecHandler, PyFileSystem
+
+    class _Handler(FSSpecHandler):  # type: ignore[misc]
+        def get_file_info_selector(self, selector: FileSelector) -> list[Any]:
+            return [
+                info
+                for info in super().get_file_info_selector(selector)
+                if not (info.type == FileType.File and info.path.endswith("/"))
+            ]
+
+    return PyFileSystem(_Handler(fs))
+
+
 def where(url: str, settings: ObjectStoreSettings) -> str:
     """The store a URL is on, for messages: the endpoint, never credentials."""
     if is_object_url(url):

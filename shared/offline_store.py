@@ -82,7 +82,7 @@ def open_store(root: Root, settings: ObjectStoreSettings | None = None) -> Any:
         if not is_url(root):
             return _dataset(str(root))
         filesystem, path = object_store.filesystem(str(root), settings)
-        return _dataset(path, _arrow_filesystem(filesystem))
+        return _dataset(path, object_store.arrow_filesystem(filesystem))
     except (OSError, ValueError) as exc:
         raise OfflineStoreError(f"cannot read the Parquet store {root}: {exc}") from exc
 
@@ -97,13 +97,6 @@ def store_files(store: Any, root: Root, selected: Any = None) -> list[str]:
     return [f"{scheme}://{path}" for path in paths]
 
 
-def _arrow_filesystem(filesystem: Any) -> Any:
-    """An fsspec filesystem as pyarrow's."""
-    from pyarrow.fs import FSSpecHandler, PyFileSystem
-
-    return PyFileSystem(FSSpecHandler(filesystem))
-
-
 def open_store_files(files: Sequence[str], settings: ObjectStoreSettings | None = None) -> Any:
     """Some of the store's files (paths under its partition directories) as
     a pyarrow dataset with their partitions; files named by URL (all of one
@@ -114,7 +107,7 @@ def open_store_files(files: Sequence[str], settings: ObjectStoreSettings | None 
             return _dataset(list(files))
         filesystem, _ = object_store.filesystem(files[0], settings)
         paths = [_path_of(filesystem, name) for name in files]
-        return _dataset(paths, _arrow_filesystem(filesystem))
+        return _dataset(paths, object_store.arrow_filesystem(filesystem))
     except (OSError, ValueError) as exc:
         raise OfflineStoreError(f"cannot read the store's files: {exc}") from exc
 

@@ -80,10 +80,8 @@ def arrow_filesystem(name: str, settings: ObjectStoreSettings) -> tuple[Any, str
     for a URL."""
     if not is_remote(name):
         return None, name
-    from pyarrow.fs import FSSpecHandler, PyFileSystem
-
     fs, path = object_store.filesystem(name, settings)
-    return PyFileSystem(FSSpecHandler(fs)), path
+    return object_store.arrow_filesystem(fs), path
 
 
 class Filesystems:

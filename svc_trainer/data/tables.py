@@ -133,10 +133,11 @@ def load_table(options: Mapping[str, str], seed: int) -> DataSplits:
 def open_table(path: str, fmt: str) -> Any:
     """A ``pyarrow.dataset`` over the file, directory or glob at ``path``."""
     import pyarrow.dataset as ds
-    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    from shared import object_store
 
     fs, located, listed = _locate(path)
-    filesystem = PyFileSystem(FSSpecHandler(fs))
+    filesystem = object_store.arrow_filesystem(fs)
     chosen = fmt or _format_of(listed or [located], path)
     if chosen not in FORMATS:
         raise TrialError(

@@ -241,3 +241,28 @@ def test_a_tree_is_moved_aside_on_the_bucket_markers_and_all(
     fs.invalidate_cache()
     assert not fs.find(f"{root}/checkpoint")
     assert fs.cat_file(f"{root}/epochs/1/checkpoint/offsets/0") == b"checkpoint/offsets/0"
+
+
+def test_a_parquet_store_with_the_directory_markers_spark_leaves_is_read_back(
+    object_store: LocalObjectStore, unique: str
+) -> None:
+    """S3A keeps an empty ``dir/`` object for a directory it made; s3fs lists
+    it as a file, which pyarrow's discovery could not open (a killed and
+    restarted svc_transform's offline store failed to read back in CI)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shared.offline_store import open_store
+
+    fs, root = filesystem(object_store.url(f"{unique}/windows"), object_store.settings)
+    partition = f"{root}/date=2026-11-22/metric=temperature/window=tumbling-10s"
+    with fs.open(f"{partition}/part-0.parquet", "wb") as out:
+        pq.write_table(pa.table({"mean": [1.5, 2.5]}), out)
+    fs.pipe_file(f"{partition}/", b"")  # the marker
+    fs.pipe_file(f"{root}/date=2026-11-22/", b"")
+    fs.invalidate_cache()
+    assert any(name.endswith("/") for name in fs.find(root, withdirs=True))
+
+    table = open_store(object_store.url(f"{unique}/windows"), object_store.settings).to_table()
+    assert sorted(table.column("mean").to_pylist()) == [1.5, 2.5]
+    assert set(table.column("window").to_pylist()) == {"tumbling-10s"}
