@@ -14,7 +14,8 @@ broker acknowledged them: that difference favours Faust and Quix.
   record unchanged (key, value, headers) to the clean topic, through one
   batch builder per destination partition per fetch (``create_batch`` /
   ``send_batch``, as svc_ingest's ``OutputWriter``), with the worker's
-  producer settings (lz4, 5 ms linger, 512 KiB batches, 4 MiB fetches). It
+  producer settings (lz4 with the fast compressor, 5 ms linger, 512 KiB
+  batches, 4 MiB fetches). It
   commits once per ``commit_interval_seconds`` under the worker's
   guarantee: exactly_once, a transactional producer that sends the offsets
   into its transaction (``send_offsets_to_transaction``) and commits it;
@@ -55,13 +56,16 @@ from bench.harness import ROOT, python_module
 from shared.settings import load_settings
 from svc_ingest.cleaner import Cleaner
 from svc_ingest.dedup import DedupWindow
+from svc_ingest.faust_compat.lz4 import use_fast_lz4
 from svc_ingest.handlers import RecordHandler
 from svc_ingest.settings import IngestSettings
 
 RATE_PREFIX = "rate "
 _RATE_LINE = re.compile(rf"{RATE_PREFIX}(\d+(?:\.\d*)?(?:e[+-]?\d+)?)$", re.MULTILINE)
 
-# svc_ingest.app's producer and fetch settings, which every peer gets too.
+# svc_ingest.app's producer and fetch settings, which every peer gets too;
+# the aiokafka peers compress LZ4 as the worker does (``use_fast_lz4``: the
+# fast compressor, as Quix's librdkafka does).
 COMPRESSION = "lz4"
 LINGER_MS = 5
 MAX_BATCH_BYTES = 512 * 1024
@@ -161,6 +165,7 @@ async def passthrough(settings: IngestSettings, count: int) -> float:
     from aiokafka.partitioner import DefaultPartitioner
     from aiokafka.structs import TopicPartition
 
+    use_fast_lz4()
     exactly_once = settings.processing_guarantee == "exactly_once"
     config = settings.kafka.aiokafka_config()
     group = f"{settings.app_id}-passthrough"
@@ -274,6 +279,7 @@ def stock_faust(settings: IngestSettings, count: int) -> float:
     import uvloop
 
     uvloop.install()
+    use_fast_lz4()
     kafka = settings.kafka
     outputs = RecordOutputs(settings)
     clock = RateClock(count)

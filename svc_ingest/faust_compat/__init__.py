@@ -15,6 +15,8 @@ without notice:
 * ``recovery``: that wait, apart from Faust so it can be tested.
 * ``changelog_idle``: table recovery's wait at the end of a transactional
   changelog, shortened (Faust's module-level ``asyncio``).
+* ``lz4``: aiokafka's batch compression, LZ4 at Kafka's default (the fast
+  compressor, not LZ4HC).
 * ``producer``: the transactional producer of a source partition, the
   default partitioner, topic metadata.
 * ``tables``: a table's local store as a mapping, and the changelog offsets

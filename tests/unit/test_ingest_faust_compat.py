@@ -1,5 +1,5 @@
-"""svc_ingest.faust_compat: the version gate, the highwater wait of table recovery and
-its wait at a changelog's end."""
+"""svc_ingest.faust_compat: the version gate, the highwater wait of table recovery,
+its wait at a changelog's end, and aiokafka's LZ4 compressor."""
 
 from __future__ import annotations
 
@@ -187,3 +187,74 @@ def test_a_key_keeps_its_partition_while_a_lagging_broker_lists_none() -> None:
     # A topic that grew is partitioned over its new count.
     grown = [partition_for(_Producer(set(range(6))), "clean", key, 3) for key in keys]  # type: ignore[arg-type]
     assert max(grown) > 2
+
+
+LZ4_CODEC = 3  # the record batch attribute's codec bits for LZ4
+
+
+def _lz4_batch(records: list[tuple[bytes, bytes, list[tuple[str, bytes]]]]) -> bytes:
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=LZ4_CODEC,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 30,
+    )
+    for offset, (key, value, headers) in enumerate(records):
+        builder.append(offset, timestamp=None, key=key, value=value, headers=headers)
+    return bytes(builder.build())
+
+
+def test_the_transport_has_aiokafka_compress_lz4_with_the_fast_compressor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import aiokafka.record.default_records as python_records
+    from aiokafka.record._crecords import default_records as c_records
+
+    from aiokafka import codec
+
+    from svc_ingest.faust_compat import lz4, transport
+
+    for module in (python_records, c_records):  # as aiokafka has it
+        monkeypatch.setattr(module, "lz4_encode", codec.lz4_encode)
+    transport.register_scheme()
+    assert python_records.lz4_encode is lz4.fast_lz4_encode
+    assert c_records.lz4_encode is lz4.fast_lz4_encode
+    # The builder aiokafka's producer uses looks the name up when it compresses.
+    calls: list[int] = []
+
+    def counted(payload: bytes) -> bytes:
+        calls.append(len(payload))
+        return lz4.fast_lz4_encode(payload)
+
+    monkeypatch.setattr(c_records, "lz4_encode", counted)
+    _lz4_batch([(b"k", b"v" * 100, [])])
+    assert len(calls) == 1
+
+
+def test_a_batch_compressed_fast_reads_back_whole_and_smaller_than_it_was() -> None:
+    from aiokafka.record.default_records import DefaultRecordBatch
+
+    from svc_ingest.faust_compat import lz4
+
+    lz4.use_fast_lz4()
+    records = [
+        (
+            f"device-{i % 7}".encode(),
+            f'{{"reading": {i}, "unit": "C"}}'.encode() * 4,
+            [("id", b"%032x" % i)],
+        )
+        for i in range(2_000)
+    ]
+    batch = _lz4_batch(records)
+    uncompressed = sum(len(key) + len(value) + 40 for key, value, _ in records)
+    assert len(batch) < uncompressed / 3
+    read = [
+        (record.key, record.value, list(record.headers))
+        for record in DefaultRecordBatch(bytearray(batch))
+    ]
+    assert read == records
