@@ -13,7 +13,8 @@ broker acknowledged them: that difference favours Faust and Quix.
 * ``passthrough``: bare aiokafka on uvloop, the upper bound. Forwards every
   record unchanged (key, value, headers) to the clean topic, through one
   batch builder per destination partition per fetch (``create_batch`` /
-  ``send_batch``, as svc_ingest's ``OutputWriter``), with the worker's
+  ``send_batch``, each builder closed first so that it does not linger, as
+  svc_ingest's ``OutputWriter``), with the worker's
   producer settings (lz4 with the fast compressor, 5 ms linger, 512 KiB
   batches, 4 MiB fetches). It
   commits once per ``commit_interval_seconds`` under the worker's
@@ -234,6 +235,7 @@ async def passthrough(settings: IngestSettings, count: int) -> float:
                     ):
                         continue
                     if builder.record_count():  # full: send it, start the next
+                        builder.close()  # closed, it does not linger (as the worker's)
                         sent.append(await producer.send_batch(builder, target, partition=partition))
                         builder = builders[partition] = producer.create_batch()
                         if (
@@ -250,6 +252,7 @@ async def passthrough(settings: IngestSettings, count: int) -> float:
                 offsets[tp] = records[-1].offset + 1
             for partition, builder in builders.items():
                 if builder.record_count():
+                    builder.close()
                     sent.append(await producer.send_batch(builder, target, partition=partition))
             await asyncio.gather(*sent)
             rate = clock.handled(handled)

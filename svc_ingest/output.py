@@ -114,11 +114,16 @@ class OutputWriter:
         """Send everything added; returns, when the broker has all of it, the
         RecordMetadata of each batch sent (offset: the batch's first)."""
         sent = []
+        # A builder left open lingers in the producer (``producer_linger``)
+        # for records that will never come, before each partition's next;
+        # closed, it goes out at once.
         for producer, builder, topic, partition in self._pending_full:
+            builder.close()
             sent.append(await producer.send_batch(builder, topic, partition=partition))
         self._pending_full.clear()
         for (source_partition, topic, partition), builder in self._builders.items():
             if builder.record_count():
+                builder.close()
                 producer = self._producers[source_partition]
                 sent.append(await producer.send_batch(builder, topic, partition=partition))
         self._builders.clear()

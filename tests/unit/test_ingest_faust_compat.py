@@ -213,9 +213,8 @@ def test_the_transport_has_aiokafka_compress_lz4_with_the_fast_compressor(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import aiokafka.record.default_records as python_records
-    from aiokafka.record._crecords import default_records as c_records
-
     from aiokafka import codec
+    from aiokafka.record._crecords import default_records as c_records
 
     from svc_ingest.faust_compat import lz4, transport
 
