@@ -172,7 +172,7 @@ def score_batch(
         else:
             offsets = np.arange(0, values.size + 1, values.shape[1], dtype=np.int32)
             arrays.append(pa.ListArray.from_arrays(offsets, values.reshape(-1)))
-    arrays += [pa.array([chosen.event.model_name] * rows), pa.array([chosen.event.version] * rows)]
+    arrays += [pa.repeat(chosen.event.model_name, rows), pa.repeat(chosen.event.version, rows)]
     return pa.RecordBatch.from_arrays(
         [a.cast(field.type) for a, field in zip(arrays, schema, strict=True)], schema=schema
     )
