@@ -131,8 +131,7 @@ def score(
             feed.append(merge)
         # The schema of the columns fed, from the frame's own: a select
         # costs the driver a twentieth of a second of the JVM's analysis.
-        fields = {field.name: field for field in frame.schema.fields}
-        fed_arrow = to_arrow_schema(StructType([fields[name] for name in feed]))
+        fed_arrow = to_arrow_schema(StructType([frame.schema[name] for name in feed]))
         schema = tasks.output_schema(chosen, fed_arrow)
         run_id = uuid.uuid4().hex
         task = tasks.Task.of(
