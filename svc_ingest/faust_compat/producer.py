@@ -3,20 +3,73 @@
 Under exactly_once Faust's TransactionManager keeps one transactional
 aiokafka producer per source partition, id ``{app}-{group}-{partition}``;
 svc_ingest sends each record through the one of its raw record's partition
-(``svc_ingest.output`` says why).
+(``svc_ingest.output`` says why). ``Producer`` commits those transactions
+side by side.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import UnknownTopicOrPartitionError
-from faust.types import AppT
+from faust.transport.drivers import aiokafka as _aiokafka
+from faust.types import TP, AppT
 
-__all__ = ["default_producer", "partition_for", "transaction_producer", "wait_for_topic"]
+__all__ = [
+    "Producer",
+    "default_producer",
+    "partition_for",
+    "transaction_producer",
+    "wait_for_topic",
+]
+
+
+class Producer(_aiokafka.Producer):
+    """Faust's producer, committing the source partitions' transactions
+    concurrently.
+
+    Faust commits them one after another, each with its round trips to the
+    transaction coordinator (AddOffsetsToTxn, TxnOffsetCommit, EndTxn, then
+    the next begun), while the batch gate keeps the worker's next batch
+    waiting. Each partition's transaction is its own (its own producer and
+    id), so committing them side by side commits the same things: each under
+    its own lock, as Faust's; every commit runs to its end; then the first
+    failure, if any, is raised, as Faust's loop would have raised it (the
+    commits it would not have reached may have succeeded: each stands alone,
+    with its partition's outputs and offsets)."""
+
+    async def commit_transactions(
+        self,
+        tid_to_offset_map: Mapping[str, Mapping[TP, int]],
+        group_id: str,
+        start_new_transaction: bool = True,
+    ) -> None:
+        results = await asyncio.gather(
+            *(
+                self._commit_one(transactional_id, offsets, group_id, start_new_transaction)
+                for transactional_id, offsets in tid_to_offset_map.items()
+            ),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _commit_one(
+        self,
+        transactional_id: str,
+        offsets: Mapping[TP, int],
+        group_id: str,
+        start_new_transaction: bool,
+    ) -> None:
+        # Faust's own loop body, for one transactional id.
+        await super().commit_transactions(
+            {transactional_id: offsets}, group_id, start_new_transaction
+        )
 
 
 def default_producer(app: AppT) -> AIOKafkaProducer:

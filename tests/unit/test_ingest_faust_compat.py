@@ -1,5 +1,6 @@
 """svc_ingest.faust_compat: the version gate, the highwater wait of table recovery,
-its wait at a changelog's end, and aiokafka's LZ4 compressor."""
+its wait at a changelog's end, aiokafka's LZ4 compressor and the transactions
+committed side by side."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import asyncio
 from collections.abc import Collection, Mapping
 
 import pytest
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import KafkaTimeoutError, ProducerFenced
 from faust.types import TP
 
 from svc_ingest.faust_compat import SUPPORTED, UnsupportedFaust, check_versions
+from svc_ingest.faust_compat.producer import Producer
 from svc_ingest.faust_compat.recovery import HighwaterWait, settled_highwaters, unsettled
 
 CHANGELOG = [TP("ingest-dedup-changelog", 0), TP("ingest-dedup-changelog", 1)]
@@ -257,3 +259,78 @@ def test_a_batch_compressed_fast_reads_back_whole_and_smaller_than_it_was() -> N
         for record in DefaultRecordBatch(bytearray(batch))
     ]
     assert read == records
+
+
+class FakeTransaction:
+    """A transactional producer whose commit waits at ``barrier`` (every commit
+    must reach it before any ends) and records what it was asked, or fails."""
+
+    def __init__(self, log: list[str], name: str, barrier: asyncio.Barrier, fail: bool) -> None:
+        self.log, self.name, self.barrier, self.fail = log, name, barrier, fail
+
+    async def send_offsets_to_transaction(self, offsets: Mapping[TP, int], group: str) -> None:
+        self.log.append(f"{self.name} offsets {sorted(o for o in offsets.values())}")
+
+    async def commit_transaction(self) -> None:
+        await self.barrier.wait()
+        if self.fail:
+            raise ProducerFenced()
+        self.log.append(f"{self.name} committed")
+
+    async def begin_transaction(self) -> None:
+        self.log.append(f"{self.name} began")
+
+
+def _producer_over(transactions: dict[str, FakeTransaction]) -> Producer:
+    producer = object.__new__(Producer)  # no app or transport: only the commit is used
+    producer._trn_locks = {tid: asyncio.Lock() for tid in transactions}
+    producer._transaction_producers = transactions
+    return producer
+
+
+def test_the_source_partitions_transactions_commit_side_by_side() -> None:
+    async def main() -> list[str]:
+        log: list[str] = []
+        barrier = asyncio.Barrier(3)  # one after another, the first would wait forever
+        transactions = {
+            f"ingest-clean-{p}": FakeTransaction(log, f"p{p}", barrier, fail=False)
+            for p in range(3)
+        }
+        offsets = {tid: {TP("raw", p): 10 + p} for p, tid in enumerate(transactions)}
+        async with asyncio.timeout(5):
+            await _producer_over(transactions).commit_transactions(offsets, "ingest")
+        return log
+
+    log = asyncio.run(main())
+    for p in range(3):
+        # Each transaction in Faust's order: its offsets, its commit, the next begun.
+        mine = [entry for entry in log if entry.startswith(f"p{p} ")]
+        assert mine == [f"p{p} offsets [{10 + p}]", f"p{p} committed", f"p{p} began"]
+
+
+def test_a_failed_commit_is_raised_after_the_others_have_committed() -> None:
+    async def main() -> tuple[list[str], BaseException | None]:
+        log: list[str] = []
+        barrier = asyncio.Barrier(2)
+        transactions = {
+            "ingest-clean-0": FakeTransaction(log, "p0", barrier, fail=True),
+            "ingest-clean-1": FakeTransaction(log, "p1", barrier, fail=False),
+        }
+        offsets = {tid: {TP("raw", p): 5} for p, tid in enumerate(transactions)}
+        try:
+            async with asyncio.timeout(5):
+                await _producer_over(transactions).commit_transactions(offsets, "ingest")
+        except ProducerFenced as exc:
+            return log, exc
+        return log, None
+
+    log, raised = asyncio.run(main())
+    assert isinstance(raised, ProducerFenced)
+    assert "p1 committed" in log and "p1 began" in log
+    assert "p0 committed" not in log
+
+
+def test_the_transport_commits_with_the_side_by_side_producer() -> None:
+    from svc_ingest.faust_compat.transport import Transport
+
+    assert Transport.Producer is Producer
