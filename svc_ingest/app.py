@@ -36,7 +36,7 @@ from shared.bus.topics import (
 )
 from shared.log import get_logger
 from shared.settings import KafkaSettings
-from svc_ingest.checkpoint import BatchCheckpoint
+from svc_ingest.checkpoint import BatchCheckpoint, BatchPipeline
 from svc_ingest.cleaner import Cleaner
 from svc_ingest.dedup import DedupWindow, group_partition
 from svc_ingest.faust_compat import transport
@@ -163,7 +163,7 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
     )
     checkpoint = BatchCheckpoint(
         app,
-        OutputWriter(app, settings.source_topic, exactly_once=exactly_once),
+        partial(OutputWriter, app, settings.source_topic, exactly_once=exactly_once),
         dedup,
         table,
         source_topic=settings.source_topic,
@@ -191,12 +191,15 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
     # restarted worker resumes exactly from the committed state.
     @app.agent(raw_topic, name="clean", supervisor_strategy=mode.CrashingSupervisor)
     async def clean(stream: faust.StreamT[bytes]) -> None:
-        async for events in _batches(stream, app, settings):
-            now_us = time.time_ns() // 1000
-            outcomes = await checkpoint.commit(
-                events, partial(decide, now_us=now_us), now_us // 1000
-            )
-            observe(events, outcomes)
+        # The next batch is fetched and decided while the broker takes the last.
+        pipeline = BatchPipeline(checkpoint, observe)
+        try:
+            async for events in _batches(stream, app, settings):
+                now_us = time.time_ns() // 1000
+                await pipeline.put(events, partial(decide, now_us=now_us), now_us // 1000)
+        finally:
+            # The batch in hand is finished, even when the agent is stopping.
+            await pipeline.drain()
 
     return app
 

@@ -68,6 +68,10 @@ class Sightings:
     value: bytes = b""
 
 
+#: One batch's pending ids, by source partition.
+PendingIds = dict[int, Sightings]
+
+
 class DedupWindow:
     """Remembers event ids for ``window_ms`` after they are first seen."""
 
@@ -77,7 +81,7 @@ class DedupWindow:
         # id → first-seen ms, the pending ids too: one probe an event decides
         # and holds it, and a repeat within the batch finds it there.
         self._seen = IdIndex()
-        self._pending: dict[int, Sightings] = {}  # by partition
+        self._pending: PendingIds = {}
         self._expiry: deque[_StoredGroup] = deque()  # oldest first
 
     def first_sighting(self, event_id: bytes, now_ms: int, partition: int, offset: int) -> bool:
@@ -92,11 +96,21 @@ class DedupWindow:
         group.id_keys.append(key)
         return True
 
-    def take_sightings(self) -> list[Sightings]:
-        """The pending groups, remembered from now on; the caller writes them to the
-        store's changelog (this writes the local store)."""
-        taken = list(self._pending.values())
-        self._pending = {}
+    def detach_pending(self) -> PendingIds:
+        """The ids pending so far, as one batch's, for ``take_sightings`` or
+        ``discard_pending`` later: the ids a later batch adds meanwhile are not
+        among them."""
+        detached, self._pending = self._pending, {}
+        return detached
+
+    def take_sightings(self, pending: PendingIds | None = None) -> list[Sightings]:
+        """The pending groups (``pending``, else all not detached), remembered
+        from now on; the caller writes them to the store's changelog (this
+        writes the local store)."""
+        if pending is None:
+            pending = self.detach_pending()
+        taken = list(pending.values())
+        pending.clear()  # taken: nothing of it is left to discard
         for group in taken:
             group.value = pack(group.entries)
             self._store[group.key] = group.value
@@ -106,13 +120,15 @@ class DedupWindow:
             )
         return taken
 
-    def discard_pending(self) -> None:
-        """Forget the pending ids: their batch failed and will be redelivered."""
+    def discard_pending(self, pending: PendingIds | None = None) -> None:
+        """Forget the pending ids (``pending``, else all not detached): their
+        batch failed and will be redelivered."""
+        if pending is None:
+            pending = self.detach_pending()
         forget = self._seen.remove_if_seen_at
-        for group in self._pending.values():
+        for group in pending.values():
             for key, (_, ms) in zip(group.id_keys, group.entries, strict=True):
                 forget(key, ms)
-        self._pending = {}
 
     def expire(self, now_ms: int) -> list[tuple[bytes, int]]:
         """Forget groups whose newest id is more than a window old; returns the

@@ -9,14 +9,14 @@ mode's ``FlowControlQueue`` internals.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from time import monotonic
 from typing import Any, TypeAlias
 
 from faust.types import AppT, EventT
 from mode.utils.queues import FlowControlQueue
 
-__all__ = ["ack_batch", "put_many", "take_batch"]
+__all__ = ["ack_batch", "is_stale", "put_many", "take_batch"]
 
 Event: TypeAlias = EventT[Any]
 
@@ -146,3 +146,11 @@ def ack_batch(events: Iterable[Event], app: AppT) -> int:
             n += 1
             on_message_out(message.tp, message.offset, message)
     return n
+
+
+def is_stale(events: Sequence[Event], app: AppT) -> bool:
+    """Whether ``events`` (one ``take_batch``'s) were fetched in a consumer
+    generation before the current one: a rebalance came since. A batch's
+    events share the generation they were admitted in, so the first's is
+    every one's."""
+    return bool(events) and events[0].message.generation_id != app.consumer_generation_id

@@ -1,4 +1,5 @@
-"""BatchCheckpoint.commit's steps, in order, against fakes of Faust and the producers."""
+"""BatchCheckpoint's steps, in order, and BatchPipeline's overlap of one batch's
+send with the next one's decisions, against fakes of Faust and the producers."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 import pytest
 
 from svc_ingest import checkpoint as checkpoint_module
-from svc_ingest.checkpoint import BatchCheckpoint
-from svc_ingest.dedup import DedupWindow
+from svc_ingest.checkpoint import BatchCheckpoint, BatchPipeline, StaleBatch
+from svc_ingest.dedup import DedupWindow, unpack
 from svc_ingest.handlers import Outcome
 from svc_ingest.output import PartitionRevoked
 
@@ -38,12 +39,20 @@ class FakeWriter:
     queued: list[tuple[int, str]] = field(default_factory=list)
     flushes: list[list[tuple[int, str]]] = field(default_factory=list)
     fail_flush: bool = False
+    # The dedup ids each changelog record carries, in the order added.
+    logged_ids: list[list[bytes]] = field(default_factory=list)
+    # When set, a flush waits for it: the broker's answer.
+    answer: asyncio.Event | None = None
 
     async def use_partitions(self, partitions: Any, topics: Any) -> None:
         self.journal.append(f"use_partitions {sorted(partitions)}")
 
-    def add(self, source_partition: int, topic: str, *args: Any, **kwargs: Any) -> None:
+    def add(
+        self, source_partition: int, topic: str, key: Any, value: Any, *args: Any, **kwargs: Any
+    ) -> None:
         self.queued.append((source_partition, topic))
+        if topic == CHANGELOG and value:
+            self.logged_ids.append([event_id for event_id, _ in unpack(value)])
 
     async def flush(self) -> list[Any]:
         assert self.gate.locked(), "sent outside the batch gate"
@@ -52,6 +61,9 @@ class FakeWriter:
         self.flushes.append(self.queued)
         self.journal.append("flush")
         self.queued = []
+        if self.answer is not None:
+            await self.answer.wait()
+            self.journal.append("answered")
         return []
 
 
@@ -72,6 +84,7 @@ def make(
     gate = asyncio.Lock()
     writer = FakeWriter(gate)
     monkeypatch.setattr(checkpoint_module, "batch_gate", lambda app: gate)
+    monkeypatch.setattr(checkpoint_module, "is_stale", lambda events, app: False)
     monkeypatch.setattr(
         checkpoint_module,
         "ack_batch",
@@ -86,7 +99,7 @@ def make(
     app: Any = None  # only the patched helpers would read it
     checkpoint = BatchCheckpoint(
         app,
-        writer,  # type: ignore[arg-type]
+        lambda: writer,  # type: ignore[arg-type,return-value]
         dedup,
         FakeTable(),  # type: ignore[arg-type]
         source_topic="raw",
@@ -98,8 +111,10 @@ def make(
     return checkpoint, writer, dedup
 
 
-def events(*keys: str, partition: int = 0) -> list[FakeEvent]:
-    return [FakeEvent(FakeMessage(partition, i, k.encode())) for i, k in enumerate(keys)]
+def events(*keys: str, partition: int = 0, first_offset: int = 0) -> list[FakeEvent]:
+    return [
+        FakeEvent(FakeMessage(partition, first_offset + i, k.encode())) for i, k in enumerate(keys)
+    ]
 
 
 def decide_with(dedup: DedupWindow) -> Any:
@@ -170,3 +185,112 @@ def test_every_clean_event_of_a_record_goes_out_in_its_partition_transaction(
     assert [o.kind for o in outcomes] == ["clean"]
     (sent,) = writer.flushes
     assert sent == [(2, "clean")] * 3
+
+
+def pipelined(
+    monkeypatch: pytest.MonkeyPatch, *, exactly_once: bool, **writer_fields: Any
+) -> tuple[BatchCheckpoint, list[FakeWriter], list[str], DedupWindow]:
+    """A checkpoint whose writers share one journal, each new one a FakeWriter
+    with ``writer_fields`` (the pipeline holds two at most), deciding one
+    record between turns of the loop."""
+    checkpoint, first, dedup = make(monkeypatch, exactly_once=exactly_once)
+    monkeypatch.setattr(checkpoint_module, "YIELD_EVERY", 1)
+    writers: list[FakeWriter] = []
+
+    def new_writer() -> FakeWriter:
+        writer = FakeWriter(first.gate, first.journal, **writer_fields)
+        writers.append(writer)
+        return writer
+
+    checkpoint._new_writer = new_writer  # type: ignore[assignment]
+    return checkpoint, writers, first.journal, dedup
+
+
+def journaled(journal: list[str], dedup: DedupWindow, answer: dict[bytes, asyncio.Event]) -> Any:
+    """``decide_with(dedup)`` that notes each decision and, on a key in
+    ``answer``, sets its event: the broker answers only then."""
+    decide = decide_with(dedup)
+
+    def note(message: FakeMessage) -> Outcome:
+        journal.append(f"decide {message.key.decode()}")
+        if message.key in answer:
+            answer[message.key].set()
+        outcome: Outcome = decide(message)
+        return outcome
+
+    return note
+
+
+@pytest.mark.parametrize("exactly_once", [True, False])
+def test_the_next_batch_is_decided_while_the_broker_takes_the_last(
+    monkeypatch: pytest.MonkeyPatch, exactly_once: bool
+) -> None:
+    # The first batch's send is answered only once the second batch is being
+    # decided: without the overlap, this waits forever.
+    answered = asyncio.Event()
+    checkpoint, writers, journal, dedup = pipelined(
+        monkeypatch, exactly_once=exactly_once, answer=answered
+    )
+    observed: list[list[str]] = []
+
+    async def main() -> None:
+        decide = journaled(journal, dedup, {b"c": answered})
+        pipeline = BatchPipeline(
+            checkpoint, lambda events, outcomes: observed.append([o.kind for o in outcomes])
+        )
+        async with asyncio.timeout(5):
+            await pipeline.put(events("a", "b"), decide, now_ms=1_000)
+            await pipeline.put(events("c", "d", "a", first_offset=2), decide, now_ms=1_000)
+            await pipeline.drain()
+
+    asyncio.run(main())
+
+    assert observed == [["clean", "clean"], ["clean", "clean", "duplicate"]]
+    first_sent = journal.index("flush")
+    assert journal.index("decide c") > first_sent  # sent before the next was decided
+    assert journal.index("answered") > journal.index("decide c")  # answered meanwhile
+    acks = [i for i, entry in enumerate(journal) if entry.startswith("ack")]
+    assert len(acks) == 2
+    # The second batch is sent only after the first is acked.
+    assert journal.index("flush", acks[0]) > acks[0]
+    assert journal[acks[1]] == "ack 3"
+    # Each batch's changelog record holds its own new ids, not the next one's.
+    assert writers[0].logged_ids == [[b"a", b"b"]]
+    assert writers[1].logged_ids == [[b"c", b"d"]]
+
+
+def test_a_failed_send_wakes_a_worker_that_waits_for_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The send of the batch in flight fails (at_least_once: its outputs', before
+    # its ids are taken for writing).
+    checkpoint, _, journal, dedup = pipelined(monkeypatch, exactly_once=False, fail_flush=True)
+
+    async def agent() -> None:
+        pipeline = BatchPipeline(checkpoint, lambda events, outcomes: None)
+        try:
+            await pipeline.put(events("a"), decide_with(dedup), now_ms=1_000)
+            await asyncio.Event().wait()  # no more records come
+        finally:
+            await pipeline.drain()
+
+    with pytest.raises(PartitionRevoked):
+        asyncio.run(asyncio.wait_for(agent(), 5))
+
+    assert not any(entry.startswith("ack") for entry in journal)
+    # Redelivered, the record is new again: the failed batch's id was forgotten.
+    assert dedup.first_sighting(b"a", 2_000, 0, 0)
+
+
+def test_a_batch_fetched_before_a_rebalance_is_not_sent_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    checkpoint, writer, dedup = make(monkeypatch, exactly_once=True)
+    monkeypatch.setattr(checkpoint_module, "is_stale", lambda events, app: True)
+
+    with pytest.raises(StaleBatch):
+        run(checkpoint, events("a"), decide_with(dedup))
+
+    assert writer.flushes == []
+    assert not any(entry.startswith("ack") for entry in writer.journal)
+    assert dedup.first_sighting(b"a", 2_000, 0, 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Mapping
+from typing import Any
 
 import pytest
 from aiokafka.errors import KafkaTimeoutError, ProducerFenced
@@ -334,3 +335,17 @@ def test_the_transport_commits_with_the_side_by_side_producer() -> None:
     from svc_ingest.faust_compat.transport import Transport
 
     assert Transport.Producer is Producer
+
+
+def test_a_batch_is_stale_once_the_consumer_generation_moved_on() -> None:
+    from types import SimpleNamespace
+
+    from svc_ingest.faust_compat.batches import is_stale
+
+    def batch(generation: int) -> list[Any]:
+        return [SimpleNamespace(message=SimpleNamespace(generation_id=generation))] * 3
+
+    app: Any = SimpleNamespace(consumer_generation_id=7)
+    assert not is_stale(batch(7), app)
+    assert is_stale(batch(6), app)
+    assert not is_stale([], app)
