@@ -198,7 +198,9 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
                 now_us = time.time_ns() // 1000
                 await pipeline.put(events, partial(decide, now_us=now_us), now_us // 1000)
         finally:
-            # The batch in hand is finished, even when the agent is stopping.
+            # A batch still in flight when the loop ends (it ran out, or the
+            # agent was stopped while it waited for records) is finished, or
+            # its error raised, before the agent ends.
             await pipeline.drain()
 
     return app

@@ -7,7 +7,8 @@ module below reads or overrides attributes that a release may rename
 without notice:
 
 * ``batches``: bulk put/get on a stream's channel queue (asyncio's and mode's
-  queue internals): ``take_batch`` and ``ack_batch``.
+  queue internals): ``take_batch`` and ``ack_batch``; ``is_stale``, whether
+  a batch was fetched before the last rebalance.
 * ``delivery``: the conductor's per-partition handler with a batch path.
 * ``consumer``: the consumer's drain loop per fetched batch, the batch gate,
   the stream hold after a rebalance, and highwaters that wait for a broker
@@ -18,7 +19,8 @@ without notice:
 * ``lz4``: aiokafka's batch compression, LZ4 at Kafka's default (the fast
   compressor, not LZ4HC).
 * ``producer``: the transactional producer of a source partition, the
-  default partitioner, topic metadata.
+  default partitioner, topic metadata; the source partitions' transactions
+  committed side by side.
 * ``tables``: a table's local store as a mapping, and the changelog offsets
   Faust's recovery starts from.
 * ``transport``: the ``aistack-kafka://`` scheme that puts them together.
