@@ -37,9 +37,9 @@ YIELD_EVERY = 500
 
 
 class BatchCheckpoint:
-    """Decides, sends, records and acks each batch of raw records: :meth:`commit`,
-    or its two halves, :meth:`prepare` (deciding) and :meth:`finish` (the rest),
-    which ``BatchPipeline`` overlaps for consecutive batches.
+    """Decides, sends, records and acks each batch of raw records, in two
+    halves: :meth:`prepare` (deciding) and :meth:`finish` (the rest), which
+    ``BatchPipeline`` overlaps for consecutive batches.
 
     One per worker: it keeps when the dedup ids last expired and whether a
     rebalance asks for the dedup index to be rebuilt.
@@ -82,15 +82,6 @@ class BatchCheckpoint:
         store: the batch before it must be finished first, so that its ids
         are in the store."""
         return self._rebuild
-
-    async def commit(
-        self,
-        events: Sequence[EventT[Any]],
-        decide: Callable[[Message], Outcome],
-        now_ms: int,
-    ) -> list[Outcome]:
-        """Take one batch from its records to its ack; the outcomes, in order."""
-        return await self.finish(await self.prepare(events, decide), now_ms)
 
     async def prepare(
         self, events: Sequence[EventT[Any]], decide: Callable[[Message], Outcome]
@@ -254,20 +245,19 @@ class BatchPipeline:
     and returns: the worker fetches and decides the next batch while the
     broker takes this one and Faust's commit holds the gate. Batches finish
     one at a time, in order; ``observe`` gets each batch's outcomes as soon
-    as it is acked. A batch whose finish fails wakes the worker's task
-    (``owner``, by default the one that makes the pipeline) even while it
-    waits for records; its ``drain`` raises the error.
+    as it is acked. A batch whose finish fails wakes the task that made the
+    pipeline (the worker's agent) even while it waits for records; its
+    ``drain`` raises the error.
     """
 
     def __init__(
         self,
         checkpoint: BatchCheckpoint,
         observe: Callable[[Sequence[EventT[Any]], Sequence[Outcome]], None],
-        owner: asyncio.Task[Any] | None = None,
     ) -> None:
         self._checkpoint = checkpoint
         self._observe = observe
-        self._owner = owner or asyncio.current_task()
+        self._owner = asyncio.current_task()
         self._in_flight: asyncio.Task[None] | None = None
 
     async def put(

@@ -127,7 +127,11 @@ def decide_with(dedup: DedupWindow) -> Any:
 
 
 def run(checkpoint: BatchCheckpoint, batch: list[FakeEvent], decide: Any) -> list[Outcome]:
-    return asyncio.run(checkpoint.commit(batch, decide, now_ms=1_000))  # type: ignore[arg-type]
+    async def commit() -> list[Outcome]:
+        prepared = await checkpoint.prepare(batch, decide)  # type: ignore[arg-type]
+        return await checkpoint.finish(prepared, now_ms=1_000)
+
+    return asyncio.run(commit())
 
 
 def test_exactly_once_sends_outputs_and_dedup_entries_in_one_flush_then_acks(
