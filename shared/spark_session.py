@@ -34,7 +34,8 @@ def session(
     object_store: ObjectStoreSettings | None = None,
 ) -> SparkSession:
     """Start (or join) the session: ``jars`` on its classpath, shuffle
-    partitions sized to the cores, UTC session time; with ``object_store``,
+    partitions sized to the cores, UTC session time, Python workers forked
+    from ``shared.spark_daemon``; with ``object_store``,
     ``s3a://`` on that store and its committers (the S3A connector must be
     among ``jars``), under ``spark.conf``, which wins. The driver's JVM runs
     in ``work_dir``. Raises FailedPrecondition when this process already runs
@@ -55,6 +56,9 @@ def session(
         .config("spark.driver.memory", spark.driver_memory)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.ui.showConsoleProgress", "false")
+        # Python workers that keep the directories of the archives on their
+        # path between tasks (shared.spark_daemon).
+        .config(PYTHON_DAEMON_CONF, PYTHON_DAEMON_MODULE)
     )
     if jars:
         builder = builder.config("spark.jars", ",".join(str(jar) for jar in jars))
@@ -82,6 +86,10 @@ def session(
 
 #: The Spark setting naming the Python the executors run.
 EXECUTOR_PYTHON_CONF = "spark.pyspark.python"
+#: The Spark setting naming the module the executors' Python daemon runs,
+#: and aistack's (``shared.spark_daemon``).
+PYTHON_DAEMON_CONF = "spark.python.daemon.module"
+PYTHON_DAEMON_MODULE = "shared.spark_daemon"
 
 #: What a local master's processes need from this process's environment.
 LOCAL_SPARK_ENVIRONMENT = {

@@ -331,6 +331,43 @@ def test_published_predictions_are_the_output_rows_under_the_runs_id(
     assert starts == [i * 60_000 for i in range(ROWS)]
 
 
+def _archive_reads(_: Any) -> Iterator[tuple[list[str], list[str]]]:
+    """In a Python worker: the zip archives on its path, and those whose
+    directories ``importlib.invalidate_caches`` (pyspark's, before each task)
+    reads again."""
+    import importlib
+    import zipimport
+
+    read = zipimport._read_directory  # type: ignore[attr-defined]
+    reads: list[str] = []
+
+    def counted(path: str) -> object:
+        reads.append(path)
+        return read(path)
+
+    zipimport._read_directory = counted  # type: ignore[attr-defined]
+    try:
+        importlib.invalidate_caches()
+    finally:
+        zipimport._read_directory = read  # type: ignore[attr-defined]
+    archives = [
+        finder.archive
+        for finder in sys.path_importer_cache.values()
+        if isinstance(finder, zipimport.zipimporter)
+    ]
+    yield archives, reads
+
+
+def test_the_jobs_python_workers_keep_their_archives_directories(spark: Any) -> None:
+    """Spark's Python workers run under shared.spark_daemon (the session's
+    spark.python.daemon.module): a task's start reads none of the archives
+    Spark puts on the workers' path (pyspark.zip, py4j, Spark's jar) again."""
+    context = spark.sparkContext
+    for archives, reads in context.parallelize([0, 1], 2).mapPartitions(_archive_reads).collect():
+        assert any(Path(archive).name == "pyspark.zip" for archive in archives), archives
+        assert reads == []
+
+
 def test_the_command_scores_on_a_standalone_cluster(
     registry: tuple[ScoreSettings, ms.ServerThread],
     digits_file: tuple[Path, np.ndarray],

@@ -1,0 +1,87 @@
+"""The Python daemon Spark's executors fork their Python workers from
+(``spark.python.daemon.module``, which ``shared.spark_session`` sets): Spark's
+own ``pyspark.daemon``, with zip archives on the workers' path read again
+only when they have changed.
+
+Before every task a Python worker runs, pyspark calls
+``importlib.invalidate_caches()`` (``setup_spark_files``), and Python 3.11's
+``zipimporter.invalidate_caches`` reads its archive's whole directory again,
+changed or not. Spark puts three archives on every worker's path: pyspark.zip
+(1,220 entries), py4j's and Spark's core jar (5,261). On the 2-core build
+machine that was 140-300 ms a task of ``aistack score``'s job, from the task's
+start to the worker reading its command; the directories kept, 1-9 ms.
+
+A directory is read again when its archive's size, modification time or
+inode differ from when it was last read (what the invalidation is there to
+notice: an archive replaced under a running worker), or when the importer
+holds an older read of it than the last. The directories the daemon has read
+when it starts count as read then.
+
+Run by Spark as ``python -m shared.spark_daemon pyspark.worker``: it imports
+only the standard library and pyspark, and writes nothing to stdout (the
+executor reads the daemon's port from it).
+"""
+
+from __future__ import annotations
+
+import os
+import pkgutil
+import sys
+import zipimport
+from collections.abc import Callable
+from typing import Any
+
+#: Per archive, its (size, mtime, inode) when zipimport last read its
+#: directory into ``zipimport._zip_directory_cache``.
+_read_at: dict[str, tuple[int, int, int]] = {}
+#: zipimport's directories by archive; each importer holds one as ``_files``
+#: (Python 3.11's zipimport; where either is missing, every invalidation
+#: reads again, as without this module).
+_directories: dict[str, Any] = getattr(zipimport, "_zip_directory_cache", {})
+_NONE = object()
+
+
+def _stamp(archive: str) -> tuple[int, int, int] | None:
+    try:
+        stat = os.stat(archive)
+    except OSError:
+        return None
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+def keep_unchanged_archives() -> None:
+    """From now on in this process (and the workers it forks), a zip
+    importer's ``invalidate_caches`` reads its archive's directory again
+    only when the archive changed since it was read, or the importer holds
+    an older read of it. Every entry of ``sys.path`` gets its importer now,
+    and the directories read so far are taken as read now."""
+    reread: Callable[[zipimport.zipimporter], None] = zipimport.zipimporter.invalidate_caches
+
+    def invalidate_if_changed(importer: zipimport.zipimporter) -> None:
+        archive = importer.archive
+        stamp = _stamp(archive)
+        current = stamp is not None and _read_at.get(archive) == stamp
+        if current and getattr(importer, "_files", _NONE) is _directories.get(archive):
+            return
+        # Stamped before the read: a change during it is seen next time.
+        reread(importer)
+        if stamp is not None:
+            _read_at[archive] = stamp
+
+    # An importer for every archive on the path now, so that the workers
+    # forked later inherit it having read its archive.
+    for entry in sys.path:
+        pkgutil.get_importer(entry)
+    for archive in list(_directories):
+        stamp = _stamp(archive)
+        if stamp is not None:
+            _read_at.setdefault(archive, stamp)
+    zipimport.zipimporter.invalidate_caches = invalidate_if_changed  # type: ignore[method-assign,assignment]
+
+
+if __name__ == "__main__":
+    # pyspark first: importing it puts its archives' importers on the path.
+    from pyspark import daemon
+
+    keep_unchanged_archives()
+    daemon.manager()  # type: ignore[no-untyped-call]
