@@ -155,13 +155,17 @@ def test_kill_9_mid_stream_and_restart_keeps_counts_exact(
     worker = Worker(infra, topics, tmp_path / "w")
     workers.append(worker)
     worker.wait_ready()
-    publish(infra, topics.raw, records)
+    # The stream goes on after the kill: a worker that cleans the first part
+    # before the kill lands (10,000 records take it under a second) still
+    # leaves the restarted one records to clean.
+    publish(infra, topics.raw, records[:6_000])
     wait_until(
         lambda: worker.counter("ingest_records_in_total") >= 3_000,
         60,
         "the worker made no progress before the kill",
     )
     worker.kill()
+    publish(infra, topics.raw, records[6_000:])
     restarted = Worker(infra, topics, tmp_path / "w")
     workers.append(restarted)
     restarted.wait_ready(timeout=90)
