@@ -19,6 +19,10 @@ from svc_ingest.dedup import DedupWindow
 from svc_ingest.rejection import RecordRejected
 
 SERVICE = "svc_ingest"
+#: Before a dead letter's id in the dedup window: event ids are printable
+#: (``fields.identifier``) or content hashes, so none starts with a NUL byte
+#: and a source position never stands for an event's id.
+DEAD_LETTER_ID_PREFIX = b"\x00dead-letter:"
 
 OutcomeKind = Literal["clean", "dead_letter", "duplicate"]
 # key, value, headers of one more record to ``Outcome.topic``
@@ -79,8 +83,17 @@ class RecordHandler:
         try:
             events = self._cleaner.clean_all(value, key, content_type, now_us)
         except RecordRejected as rejected:
+            # A record read again (the offsets a rebalance hands back can
+            # trail outputs already committed) is dead-lettered once, as a
+            # clean event is published once: by its source position.
+            letter_id = f"{self._source_topic}/{partition}/{offset}"
+            seen = DEAD_LETTER_ID_PREFIX + letter_id.encode()
+            if not self._dedup.first_sighting(seen, now_us // 1000, partition, offset):
+                return Outcome("duplicate", "", None, None, [], event_id=letter_id)
             trace = self._trace(parent)
-            return self._dead_letter(partition, offset, key, value, pairs, rejected, trace)
+            return self._dead_letter(
+                partition, offset, key, value, pairs, rejected, trace, letter_id
+            )
         now_ms = now_us // 1000
         if len(events) == 1:  # most records: no lists to build
             (event,) = events
@@ -143,6 +156,7 @@ class RecordHandler:
         headers: list[tuple[str, bytes]],
         rejected: RecordRejected,
         trace: str,
+        letter_id: str,
     ) -> Outcome:
         letter = dead_letter(
             reason=rejected.reason,
@@ -157,7 +171,6 @@ class RecordHandler:
         )
         # The dead letter's own id is its source position: a replay of the same
         # record after a crash yields the same id, so consumers can drop repeats.
-        letter_id = f"{self._source_topic}/{partition}/{offset}"
         out_headers = self._dlq_headers.build(letter_id, trace)
         out_headers.extend(dead_letter_headers(letter))
         return Outcome(

@@ -292,6 +292,28 @@ def test_every_record_has_exactly_one_outcome(
                 assert second.kind == "dead_letter" and second.reason == first.reason
 
 
+def test_a_record_read_again_at_its_position_is_dead_lettered_once() -> None:
+    """Offsets a rebalance hands back can trail outputs already committed:
+    the record read again there is a duplicate, as a clean event read again
+    is; the same bytes at another position are dead-lettered again."""
+    dedup = DedupWindow({}, 60_000)
+    handler = RecordHandler(
+        Cleaner(CleaningRules()), dedup, source_topic="raw", clean_topic="clean", dlq_topic="dlq"
+    )
+    headers = [("content-type", b"application/json")]
+    first = handler.handle(1, 7, None, b"{not json", headers, NOW_US)
+    assert first.kind == "dead_letter"
+    again = handler.handle(1, 7, None, b"{not json", headers, NOW_US + 1_000_000)
+    assert (again.kind, again.topic, again.event_id) == ("duplicate", "", "raw/1/7")
+    elsewhere = handler.handle(1, 8, None, b"{not json", headers, NOW_US)
+    assert elsewhere.kind == "dead_letter"
+    # The position is a pending id like an event's: it is stored with the batch's.
+    assert [entry for group in dedup.take_sightings() for entry, _ in group.entries] == [
+        b"\x00dead-letter:raw/1/7",
+        b"\x00dead-letter:raw/1/8",
+    ]
+
+
 @pytest.mark.parametrize(
     "document",
     [{**VALID_SENSOR, "metrics": {"temperature": {"value": 20.5, "unit": "C"}}}, VALID_WEB],
