@@ -80,6 +80,7 @@ class RecordHandler:
         else:
             pairs = list(headers.items() if isinstance(headers, Mapping) else headers or ())
         content_type, parent = envelope.content_type_and_trace(pairs)
+        now_ms = now_us // 1000
         try:
             events = self._cleaner.clean_all(value, key, content_type, now_us)
         except RecordRejected as rejected:
@@ -88,13 +89,12 @@ class RecordHandler:
             # clean event is published once: by its source position.
             letter_id = f"{self._source_topic}/{partition}/{offset}"
             seen = DEAD_LETTER_ID_PREFIX + letter_id.encode()
-            if not self._dedup.first_sighting(seen, now_us // 1000, partition, offset):
+            if not self._dedup.first_sighting(seen, now_ms, partition, offset):
                 return Outcome("duplicate", "", None, None, [], event_id=letter_id)
             trace = self._trace(parent)
             return self._dead_letter(
                 partition, offset, key, value, pairs, rejected, trace, letter_id
             )
-        now_ms = now_us // 1000
         if len(events) == 1:  # most records: no lists to build
             (event,) = events
             event_id = event.event_id
