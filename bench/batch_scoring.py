@@ -23,8 +23,10 @@ Contenders, each timed over reading, scoring and writing every row (for
 count, the lineage file), with ``BATCH`` rows per model call:
 
 1. ``spark local[2]``: ``job.score`` in a fresh SparkSession on
-   ``local[2]`` (``spark.sql.execution.arrow.maxRecordsPerBatch``); each
-   Python worker loads the model with one thread, as the job does.
+   ``local[2]`` started as ``aistack score`` starts it
+   (``svc_score.app.start_session``, with
+   ``spark.sql.execution.arrow.maxRecordsPerBatch``); each Python worker
+   loads the model with one thread, as the job does.
 2. ``spark local[1]``: the same on ``local[1]``.
 3. ``single process (1 core)``: pyarrow reads the same store in batches of
    the same size, the same verified model (``shared.model_loading``, one
@@ -411,14 +413,19 @@ def prediction_sum(output: Path) -> float:
 def run_spark(setup: Setup, cores: int, label: str) -> Run:
     """A fresh SparkSession on ``local[cores]``, the warm-up, one timed job."""
     from shared.settings import SparkSettings
-    from shared.spark_session import session
-    from svc_score import job
+    from svc_score import app, job
 
     master = f"local[{cores}]"
     settings = SparkSettings(
         master=master, conf={"spark.sql.execution.arrow.maxRecordsPerBatch": str(BATCH)}
     )
-    spark = session(settings, "bench-batch-scoring", work_dir=setup.work / "spark")
+    spark = app.start_session(
+        settings,
+        work_dir=setup.work / "spark",
+        cache_dir=setup.work / "jars",
+        object_store=None,
+        rows_through_jvm=False,
+    )
     try:
         # getOrCreate joins a session left running: this one must be on the master asked for.
         if spark.sparkContext.master != master:

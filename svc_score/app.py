@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from shared import hadoop_s3a, model_registry, spark_session
 from shared.bus.topics import PREDICTIONS_BATCH, TOPICS_BY_NAME, ensure_topics
+from shared.settings import ObjectStoreSettings, SparkSettings
 from svc_score import job
 from svc_score.output import is_remote
 from svc_score.plan import choose, parse_model
@@ -53,7 +54,16 @@ def run(
         ensure_topics(settings.kafka, [TOPICS_BY_NAME[PREDICTIONS_BATCH].named(topic)])
         publish_to = Publication(settings.kafka, topic)
     own = spark is None
-    session = spark or _session(settings, is_remote(input_path) or is_remote(output))
+    on_the_store = is_remote(input_path) or is_remote(output)
+    session = spark or start_session(
+        settings.spark,
+        work_dir=settings.work_dir(),
+        cache_dir=settings.common.cache_dir,
+        object_store=settings.object_store if on_the_store else None,
+        # A --where condition is Spark SQL: Spark reads and filters the rows;
+        # --publish reads the output back through Spark.
+        rows_through_jvm=bool(where) or publish,
+    )
     cache = settings.cache_dir()
     try:
         return job.score(
@@ -76,13 +86,40 @@ def run(
             session.stop()
 
 
-def _session(settings: ScoreSettings, on_the_store: bool) -> SparkSession:
-    """A session from ``settings.spark``; ``on_the_store``: with S3A on
-    ``settings.object_store``."""
+#: The JVM option that keeps HotSpot's JIT at its first tier (C1).
+C1_ONLY = "-XX:TieredStopAtLevel=1"
+_DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+
+
+def start_session(
+    spark: SparkSettings,
+    *,
+    work_dir: Path,
+    cache_dir: Path,
+    object_store: ObjectStoreSettings | None,
+    rows_through_jvm: bool,
+) -> SparkSession:
+    """The session of one scoring job (``driver_settings``): with
+    ``object_store``, Hadoop's S3A connector on it (its jars from
+    ``cache_dir``, fetched first when missing)."""
     return spark_session.session(
-        settings.spark,
+        driver_settings(spark, rows_through_jvm=rows_through_jvm),
         "aistack-score",
-        work_dir=settings.work_dir(),
-        jars=hadoop_s3a.ensure_jars(settings.common.cache_dir) if on_the_store else (),
-        object_store=settings.object_store if on_the_store else None,
+        work_dir=work_dir,
+        jars=hadoop_s3a.ensure_jars(cache_dir) if object_store is not None else (),
+        object_store=object_store,
     )
+
+
+def driver_settings(spark: SparkSettings, *, rows_through_jvm: bool) -> SparkSettings:
+    """``spark`` for a scoring job's session. Unless rows pass through the
+    driver's own JVM (a local master with ``rows_through_jvm``: a ``--where``
+    read, a ``--publish``), the driver's JIT stops at C1 (``C1_ONLY``):
+    without a row to run, the JVM only plans and schedules, and its C2
+    compiler threads took 0.2-0.4 s of CPU a job, on the cores the Python
+    tasks score on. Where rows do pass, C2's code reads them faster (a
+    ``--where`` job over a million rows, 3.5 s against 5.0 s with C1 alone).
+    ``spark.driver.extraJavaOptions`` in ``spark.conf`` wins."""
+    if rows_through_jvm and spark.is_local():
+        return spark
+    return spark.model_copy(update={"conf": {_DRIVER_JAVA_OPTIONS: C1_ONLY, **spark.conf}})

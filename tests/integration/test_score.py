@@ -358,6 +358,102 @@ def _archive_reads(_: Any) -> Iterator[tuple[list[str], list[str]]]:
     yield archives, reads
 
 
+def _varied_store(root: Path) -> None:
+    """Hive partitions holding files of most Parquet types (INT96 among
+    them), a nested lineage column, and what Spark's listing skips."""
+    rows = 4
+    table = pa.table(
+        {
+            "i8": pa.array(range(rows), pa.int8()),
+            "u16": pa.array(range(rows), pa.uint16()),
+            "u32": pa.array(range(rows), pa.uint32()),
+            "i64": pa.array(range(rows), pa.int64()),
+            "f32": pa.array([0.5] * rows, pa.float32()),
+            "money": pa.array([1] * rows, pa.decimal128(12, 2)),
+            "flag": [True] * rows,
+            "name": ["a"] * rows,
+            "blob": pa.array([b"x"] * rows, pa.binary()),
+            "day": pa.array([19000] * rows, pa.date32()),
+            "at_utc": pa.array(range(rows), pa.timestamp("ms", tz="UTC")),
+            "at_local": pa.array(range(rows), pa.timestamp("us")),
+            "tags": [["t"]] * rows,
+            "attributes": pa.array([[("k", "v")]] * rows, pa.map_(pa.string(), pa.string())),
+            "sources": [[source(i)] for i in range(rows)],
+        }
+    )
+    for day, batch in (("2025-01-02", 1), ("2025-01-01", 0)):
+        folder = root / f"date={day}" / "metric=temperature" / f"batch={batch}"
+        folder.mkdir(parents=True)
+        pq.write_table(table, folder / "part-00000.parquet")
+    legacy = root / "date=2025-01-03" / "metric=temperature" / "batch=2"
+    legacy.mkdir(parents=True)
+    # Spark's default timestamp type: INT96, without Spark's schema in the footer.
+    pq.write_table(table, legacy / "part-00000.parquet", use_deprecated_int96_timestamps=True)
+    (root / "_SUCCESS").touch()
+    (root / "_temporary").mkdir()
+    (root / "_temporary" / "part-x.parquet").write_text("not Parquet: Spark never lists it")
+
+
+def _jobs_while(spark: Any, group: str, build: Any) -> tuple[Any, list[int]]:
+    context = spark.sparkContext
+    context.setJobGroup(group, group)
+    try:
+        frame = build()
+        frame.schema  # noqa: B018 - the schema is what is asked of the read
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    return frame, list(context.statusTracker().getJobIdsForGroup(group))
+
+
+def test_the_input_is_read_with_the_schema_sparks_inference_gives_without_its_job(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The driver reads the footer Spark's inference would read: the same
+    schema (partition columns inferred from the paths as Spark does) and
+    files, on files pyarrow wrote and on files Spark wrote (its schema in the
+    footer), with no Spark job run for it."""
+    from pyspark.sql import functions as F
+
+    from shared.settings import ObjectStoreSettings
+    from svc_score.parquet_input import read_parquet
+
+    varied = tmp_path / "varied"
+    _varied_store(varied)
+    written = tmp_path / "by-spark"
+    frame = spark.range(6).select(
+        F.col("id"),
+        F.current_timestamp().alias("at"),
+        F.array(F.struct(F.lit("t").alias("topic"), F.col("id").alias("offset"))).alias("s"),
+        (F.col("id") % 2).alias("part"),
+    )
+    frame.write.partitionBy("part").parquet(str(written))
+    store = ObjectStoreSettings()
+    for root in (varied, written):
+        url = str(root)
+        inferred, jobs_inferred = _jobs_while(
+            spark, f"infer-{root.name}", lambda u=url: spark.read.parquet(u)
+        )
+        read, jobs_read = _jobs_while(
+            spark, f"footer-{root.name}", lambda u=url: read_parquet(spark, u, store)
+        )
+        assert read.schema == inferred.schema
+        assert sorted(read.inputFiles()) == sorted(inferred.inputFiles())
+        assert (
+            read.orderBy(*read.columns[:1]).collect()
+            == inferred.orderBy(*read.columns[:1]).collect()
+        )
+        assert jobs_inferred and not jobs_read, (jobs_inferred, jobs_read)
+    # Merging schemas is Spark's own job, over every footer.
+    spark.conf.set("spark.sql.parquet.mergeSchema", "true")
+    try:
+        _, merged_jobs = _jobs_while(
+            spark, "merged", lambda: read_parquet(spark, str(written), store)
+        )
+    finally:
+        spark.conf.unset("spark.sql.parquet.mergeSchema")
+    assert merged_jobs
+
+
 def test_the_jobs_python_workers_keep_their_archives_directories(spark: Any) -> None:
     """Spark's Python workers run under shared.spark_daemon (the session's
     spark.python.daemon.module): a task's start reads none of the archives
