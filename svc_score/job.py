@@ -58,6 +58,8 @@ EXECUTORS = "executors"
 _BATCH_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
 #: The most rows a task reads, unless the cores' shares are larger.
 _ROWS_PER_TASK = 5_000_000
+#: Tasks a core runs, one after another, of an input's row groups.
+TASKS_PER_CORE = 2
 #: What ``input_digest`` fingerprints.
 DIGEST_OF = "sha256 over each input file's path, size and mtime (on the object store, ETag)"
 
@@ -204,13 +206,16 @@ def score(
 
 def _from_files(spark: SparkSession, task: tasks.Task, input_path: str) -> list[tasks.Written]:
     """Every row of the input, each task reading its share of the row groups
-    (``tasks.from_files``): a share a core, of about as many rows, and more
-    where a core's would pass ``_ROWS_PER_TASK`` (a failed task costs its
-    share again). One wave of tasks: each further wave waits on Spark's
-    scheduling, the workers' hand-over and the full ``gc.collect()``
-    pyspark's daemon runs in a worker after each task (empty tasks: 55 ms a
-    wave on two cores; a million rows in 4 and 8 tasks on ``local[2]``, 1.19
-    and 1.65 s against 1.04 s in 2)."""
+    (``tasks.from_files``): ``TASKS_PER_CORE`` shares a core, of about as
+    many rows, and more where a share would pass ``_ROWS_PER_TASK`` (a
+    failed task costs its share again). Two waves, not one: a core that the
+    driver's JVM or anything else slows takes fewer shares, and the other
+    more (a million rows on ``local[2]``, six alternating runs: 4 tasks 0.86
+    s, 8 tasks 0.87 s, 2 tasks 0.93 s, the single process 0.85 s). A wave
+    costs Spark's scheduling and the workers' hand-over, 50 ms of empty
+    tasks on two cores here, and costed a full collection of each worker's
+    heap too before ``shared.spark_daemon`` (4 and 8 tasks 1.19 and 1.65 s
+    against 1.04 s in 2)."""
     try:
         units = tasks.units_of(input_path, task.object_store)
     except Exception as exc:  # pyarrow: what Spark read, it could not
@@ -221,7 +226,8 @@ def _from_files(spark: SparkSession, task: tasks.Task, input_path: str) -> list[
         return []
     context = spark.sparkContext
     rows = sum(unit.rows for unit in units)
-    shares = tasks.share(units, max(context.defaultParallelism, -(-rows // _ROWS_PER_TASK)))
+    wanted = max(TASKS_PER_CORE * context.defaultParallelism, -(-rows // _ROWS_PER_TASK))
+    shares = tasks.share(units, wanted)
     # A window of the offline store a later batch wrote again is scored once.
     skip = offline_store.superseded(sorted({unit.path for unit in units}), task.object_store)
     if skip:

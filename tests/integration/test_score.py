@@ -464,6 +464,41 @@ def test_the_jobs_python_workers_keep_their_archives_directories(spark: Any) -> 
         assert reads == []
 
 
+def _watch_collections(given: Iterator[int]) -> Iterator[int]:
+    """In a Python worker: from now on, note each collection's generation.
+    Each function here reads its whole input: a worker that leaves some
+    unread is not reused."""
+    import gc
+
+    list(given)
+
+    noted: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            noted.append(info["generation"])
+
+    gc.callbacks.append(note)
+    sys.aistack_collections = noted  # type: ignore[attr-defined]
+    yield os.getpid()
+
+
+def _collections_since(given: Iterator[int]) -> Iterator[tuple[int, list[int]]]:
+    list(given)
+    yield os.getpid(), list(getattr(sys, "aistack_collections", [None]))
+
+
+def test_a_reused_worker_collects_its_young_garbage_between_tasks(spark: Any) -> None:
+    """Between two tasks a worker collects generations 0 and 1
+    (shared.spark_daemon), not the whole heap as pyspark's daemon does."""
+    context = spark.sparkContext
+    watched = context.parallelize([0, 1], 2).mapPartitions(_watch_collections).collect()
+    reported = dict(context.parallelize([0, 1], 2).mapPartitions(_collections_since).collect())
+    assert sorted(reported) == sorted(watched), "the second job's tasks ran in other workers"
+    for generations in reported.values():
+        assert 1 in generations and 2 not in generations, generations
+
+
 def test_the_command_scores_on_a_standalone_cluster(
     registry: tuple[ScoreSettings, ms.ServerThread],
     digits_file: tuple[Path, np.ndarray],
