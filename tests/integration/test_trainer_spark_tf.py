@@ -136,6 +136,11 @@ def test_a_users_loop_over_the_bus_runs_in_each_worker_of_a_standalone_master_wi
         trainer_env={
             "AISTACK_SPARK_MASTER": spark.master,
             "AISTACK_SPARK_CONF": json.dumps(spark.conf),
+            # Before the loop's first report come the trial's Spark session on
+            # the master and TensorFlow's import in both barrier tasks: over
+            # UserStack's 20 s on a loaded machine (a silent loop is
+            # test_user_code's to find).
+            "AISTACK_TRAINER_EXECUTOR_STALL_SECONDS": "300",
         },
     )
     try:
