@@ -1,7 +1,8 @@
 """The Python daemon Spark's executors fork their Python workers from
 (``spark.python.daemon.module``, which ``shared.spark_session`` sets): Spark's
 own ``pyspark.daemon``, with zip archives on the workers' path read again
-only when they have changed.
+only when they have changed, and a reused worker collecting only its young
+garbage between tasks (``collect_after_task``).
 
 Before every task a Python worker runs, pyspark calls
 ``importlib.invalidate_caches()`` (``setup_spark_files``), and Python 3.11's

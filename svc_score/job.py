@@ -213,7 +213,7 @@ def _from_files(spark: SparkSession, task: tasks.Task, input_path: str) -> list[
     more (a million rows on ``local[2]``, six alternating runs: 4 tasks 0.86
     s, 8 tasks 0.87 s, 2 tasks 0.93 s, the single process 0.85 s). A wave
     costs Spark's scheduling and the workers' hand-over, 50 ms of empty
-    tasks on two cores here, and costed a full collection of each worker's
+    tasks on two cores here, and cost a full collection of each worker's
     heap too before ``shared.spark_daemon`` (4 and 8 tasks 1.19 and 1.65 s
     against 1.04 s in 2)."""
     try:
