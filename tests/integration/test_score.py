@@ -479,13 +479,20 @@ def _watch_collections(given: Iterator[int]) -> Iterator[int]:
             noted.append(info["generation"])
 
     gc.callbacks.append(note)
-    sys.aistack_collections = noted  # type: ignore[attr-defined]
+    sys.aistack_collections = (note, noted)  # type: ignore[attr-defined]
     yield os.getpid()
 
 
 def _collections_since(given: Iterator[int]) -> Iterator[tuple[int, list[int]]]:
+    """In a Python worker: the generations noted since ``_watch_collections``,
+    which stops noting (the module's later tests share these workers)."""
+    import gc
+
     list(given)
-    yield os.getpid(), list(getattr(sys, "aistack_collections", [None]))
+    note, noted = getattr(sys, "aistack_collections", (None, [None]))
+    if note in gc.callbacks:
+        gc.callbacks.remove(note)
+    yield os.getpid(), list(noted)
 
 
 def test_a_reused_worker_collects_its_young_garbage_between_tasks(spark: Any) -> None:
