@@ -49,7 +49,7 @@ def archive_path(cache_dir: Path, functions_jar: Path) -> Path:
     class path lives: the JVM maps an archive only under the class path it
     was dumped with (pyspark's jars, which another checkout's environment
     holds elsewhere)."""
-    from svc_transform.jars import SPARK_VERSION, pyspark_jars
+    from svc_transform.jars import SPARK_VERSION, driver_jar_path, pyspark_jars
 
     java = java_executable()
     class_path = pyspark_jars().resolve()
@@ -59,6 +59,8 @@ def archive_path(cache_dir: Path, functions_jar: Path) -> Path:
             str(java),
             str(java.stat().st_size),
             functions_jar.name,
+            # On the driver's class path at launch (svc_transform.spark).
+            str(driver_jar_path(cache_dir)),
             str(class_path),
             _jars_stamp(class_path),
         ]

@@ -1,7 +1,9 @@
 """The jars svc_transform's Spark session loads: Spark's Kafka connector and
 protobuf-java (fetched from Maven Central once), Hadoop's S3A connector with
-Spark's cloud committers (``shared.hadoop_s3a``) and svc_transform's own JVM
-functions (``jvm/``, compiled once), all in the cache directory.
+Spark's cloud committers (``shared.hadoop_s3a``), svc_transform's own JVM
+functions (``jvm/``, compiled once) and the classes its driver needs on the
+class path it starts with (``jvm_driver/``: Hadoop's local filesystem without
+a process per file, ``local_filesystem_conf``), all in the cache directory.
 
 ``spark.jars`` then points at local files, so a job starts without network
 (``spark.jars.packages`` would resolve through Ivy on every cold start).
@@ -18,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,13 @@ from shared.settings import CommonSettings, load_settings
 SPARK_VERSION = "4.0.0"
 SCALA_BINARY_VERSION = "2.13"
 JVM_SOURCES = Path(__file__).resolve().parent / "jvm"
+#: Classes the driver's JVM must find before any jar of ``spark.jars`` is
+#: added (Hadoop loads the local filesystem as the JVM starts); they may use
+#: only Spark's and Hadoop's own classes.
+DRIVER_SOURCES = Path(__file__).resolve().parent / "jvm_driver"
+#: Hadoop's local filesystem that sets permissions and reads links through
+#: java.nio (``jvm_driver/``); Hadoop's own runs chmod or readlink for each.
+NIO_LOCAL_FILESYSTEM = "dev.aistack.hadoop.NioLocalFileSystem"
 POM = JVM_SOURCES / "pom.xml"
 DESCRIPTOR_SET = (
     Path(__file__).resolve().parent.parent / "shared" / "contracts" / "aistack_v1.binpb"
@@ -44,6 +54,8 @@ class Built:
     functions: Path | None
     # The driver JVM's class archive (svc_transform.class_archive); None as functions.
     class_archive: Path | None = None
+    # The jar on the driver's class path (``DRIVER_SOURCES``); None as functions.
+    driver: Path | None = None
 
     def describe(self) -> list[str]:
         """One line per part, for a person."""
@@ -55,6 +67,8 @@ class Built:
             lines.append(f"svc_transform functions: {self.functions}")
         else:
             lines.append("svc_transform functions: not built (pyspark is not installed)")
+        if self.driver is not None:
+            lines.append(f"svc_transform driver classes: {self.driver}")
         if self.class_archive is not None:
             lines.append(f"svc_transform driver class archive: {self.class_archive}")
         return lines
@@ -70,7 +84,8 @@ def build(cache_dir: Path) -> Built:
     if not pyspark_installed():
         return Built(connectors, None)
     functions = ensure_functions_jar(cache_dir)
-    return Built(connectors, functions, class_archive.ensure(cache_dir, functions))
+    driver = ensure_driver_jar(cache_dir)
+    return Built(connectors, functions, class_archive.ensure(cache_dir, functions), driver)
 
 
 def session_jars(cache_dir: Path) -> list[Path]:
@@ -117,11 +132,7 @@ def functions_digest() -> str:
     source or the contracts' descriptor set, and nothing else."""
     if not DESCRIPTOR_SET.is_file():
         raise ConfigError(f"{DESCRIPTOR_SET} is missing: make proto")
-    digest = hashlib.sha256(SPARK_VERSION.encode())
-    for path in [*sorted(JVM_SOURCES.rglob("*.java")), DESCRIPTOR_SET]:
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    return _sources_digest(JVM_SOURCES, DESCRIPTOR_SET)
 
 
 def ensure_functions_jar(cache_dir: Path) -> Path:
@@ -131,16 +142,71 @@ def ensure_functions_jar(cache_dir: Path) -> Path:
     jar = cache_dir / "aistack-spark-functions" / f"functions-{functions_digest()}.jar"
     if jar.is_file():
         return jar
+    protobuf = [p for p in ensure_connector_jars(cache_dir) if p.name.startswith("protobuf-java")]
+    _compile_jar(jar, JVM_SOURCES, protobuf, [DESCRIPTOR_SET], "svc_transform's functions")
+    return jar
+
+
+def driver_jar_path(cache_dir: Path) -> Path:
+    """Where the driver class path's jar for these sources and this Spark lives."""
+    digest = _sources_digest(DRIVER_SOURCES)
+    return cache_dir / "aistack-spark-functions" / f"driver-{digest}.jar"
+
+
+def ensure_driver_jar(cache_dir: Path) -> Path:
+    """Compile ``DRIVER_SOURCES`` into a jar against pyspark's own jars;
+    rebuilt when a source changes."""
+    jar = driver_jar_path(cache_dir)
+    if not jar.is_file():
+        _compile_jar(jar, DRIVER_SOURCES, [], [], "svc_transform's driver classes")
+    return jar
+
+
+def local_filesystem_conf(driver_jar: Path, conf: Mapping[str, str]) -> dict[str, str]:
+    """Spark settings for ``file:`` paths through ``NIO_LOCAL_FILESYSTEM``,
+    its jar appended to the driver's class path ``conf`` names (a local
+    master's tasks run in the driver). Without Hadoop's native library (pip's
+    pyspark has none) its own local filesystem starts a chmod for every file
+    and directory it creates and a readlink for every rename a FileContext
+    makes: at 1,000 events/s svc_transform's JVM started 38 processes a
+    second for its checkpoints, state and Parquet files. ``conf`` naming
+    another ``fs.file.impl`` keeps it."""
+    if "spark.hadoop.fs.file.impl" in conf:
+        return {}
+    class_path = [p for p in conf.get(DRIVER_CLASS_PATH, "").split(os.pathsep) if p]
+    return {
+        DRIVER_CLASS_PATH: os.pathsep.join([*class_path, str(driver_jar)]),
+        "spark.hadoop.fs.file.impl": NIO_LOCAL_FILESYSTEM,
+    }
+
+
+#: Spark's setting for the driver JVM's class path at launch.
+DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
+
+
+def _sources_digest(root: Path, *extra: Path) -> str:
+    """Spark's version, every Java source under ``root`` and ``extra``."""
+    digest = hashlib.sha256(SPARK_VERSION.encode())
+    for path in [*sorted(root.rglob("*.java")), *extra]:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _compile_jar(
+    jar: Path, sources_root: Path, class_path: list[Path], resources: list[Path], what: str
+) -> None:
+    """``jar`` from the Java sources under ``sources_root``, compiled against
+    pyspark's jars and ``class_path``, with ``resources`` at its root."""
     javac, jar_tool = shutil.which("javac"), shutil.which("jar")
     if javac is None or jar_tool is None:
-        raise ConfigError("a JDK (javac, jar) is needed to build svc_transform's functions")
-    sources = sorted(JVM_SOURCES.rglob("*.java"))
-    protobuf = [p for p in ensure_connector_jars(cache_dir) if p.name.startswith("protobuf-java")]
+        raise ConfigError(f"a JDK (javac, jar) is needed to build {what}")
+    sources = sorted(sources_root.rglob("*.java"))
     jar.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=jar.parent) as tmp:
         classes = Path(tmp) / "classes"
         classes.mkdir()
-        classpath = os.pathsep.join([str(pyspark_jars() / "*"), *map(str, protobuf)])
+        compile_path = os.pathsep.join([str(pyspark_jars() / "*"), *map(str, class_path)])
         _run(
             [
                 javac,
@@ -148,23 +214,21 @@ def ensure_functions_jar(cache_dir: Path) -> Path:
                 "17",
                 "-nowarn",
                 "-cp",
-                classpath,
+                compile_path,
                 "-d",
                 str(classes),
                 *map(str, sources),
             ],
-            "compile svc_transform's functions",
+            f"compile {what}",
         )
-        shutil.copy(DESCRIPTOR_SET, classes / DESCRIPTOR_SET.name)
+        for resource in resources:
+            shutil.copy(resource, classes / resource.name)
         built = Path(tmp) / jar.name
-        _run(
-            [jar_tool, "cf", str(built), "-C", str(classes), "."],
-            "package svc_transform's functions",
-        )
-        for old in jar.parent.glob("functions-*.jar"):
+        _run([jar_tool, "cf", str(built), "-C", str(classes), "."], f"package {what}")
+        prefix = jar.name.split("-", 1)[0]
+        for old in jar.parent.glob(f"{prefix}-*.jar"):
             old.unlink()
         built.rename(jar)
-    return jar
 
 
 def _run(command: list[str], what: str) -> None:

@@ -1,6 +1,7 @@
 """svc_transform's SparkSession: the shared session with its own jars (the
-Kafka connector, protobuf-java, the S3A connector, its JVM functions) and
-functions registered."""
+Kafka connector, protobuf-java, the S3A connector, its JVM functions), its
+driver's class path (Hadoop's local filesystem without a process per file)
+and functions registered."""
 
 from __future__ import annotations
 
@@ -34,9 +35,13 @@ def session(
 
     cache = Path(cache_dir)
     session_jars = jars.session_jars(cache)
-    # Fair scheduling: the open-window query's small jobs take turns with the
-    # closed-window query's (svc_transform.job.start_open_windows).
-    conf = {"spark.scheduler.mode": "FAIR", **spark.conf}
+    conf = {
+        # Fair scheduling: the open-window query's small jobs take turns with
+        # the closed-window query's (svc_transform.job.start_open_windows).
+        "spark.scheduler.mode": "FAIR",
+        **spark.conf,
+    }
+    conf |= jars.local_filesystem_conf(jars.ensure_driver_jar(cache), conf)
     if class_archive:
         conf = archive.session_conf(conf, cache, jars.ensure_functions_jar(cache))
     started = spark_session.session(

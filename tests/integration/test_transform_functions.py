@@ -1,19 +1,26 @@
-"""svc_transform's JVM protobuf functions on a real local Spark."""
+"""svc_transform's JVM protobuf functions, and its driver's local
+filesystem and checkpoint files, on a real local Spark."""
 
 from __future__ import annotations
 
+import os
+import stat
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, features_pb2
+from shared.object_store import CHECKPOINT_MANAGER_CONF, checkpoint_options
 from svc_transform.functions import (
     CLEAN_EVENT_ERROR,
     DECODE_CLEAN_EVENT,
     ENCODE_DEAD_LETTER,
     ENCODE_FEATURE_WINDOW,
 )
+from svc_transform.jars import NIO_LOCAL_FILESYSTEM
 
 
 def _sensor_event() -> bytes:
@@ -146,3 +153,98 @@ def _ts(at: datetime) -> Timestamp:
     stamp = Timestamp()
     stamp.FromDatetime(at)
     return stamp
+
+
+def _hadoop_path(spark: Any, path: Path) -> Any:
+    return spark._jvm.org.apache.hadoop.fs.Path(path.as_uri())
+
+
+def _local_filesystem(spark: Any, path: Path) -> Any:
+    return _hadoop_path(spark, path).getFileSystem(spark._jsc.hadoopConfiguration())
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def test_local_files_get_their_permissions_through_java_nio(spark: Any, tmp_path: Path) -> None:
+    filesystem = _local_filesystem(spark, tmp_path)
+    assert filesystem.getClass().getName() == NIO_LOCAL_FILESYSTEM
+    jvm = spark._jvm
+    permission = jvm.org.apache.hadoop.fs.permission.FsPermission
+
+    # A created file gets Hadoop's default, 666 less its umask (022).
+    created = tmp_path / "made" / "file.bin"
+    stream = filesystem.create(_hadoop_path(spark, created))
+    stream.write(b"written")
+    stream.close()
+    assert created.read_bytes() == b"written"
+    assert _mode(created) == 0o644
+
+    directory = tmp_path / "dir" / "below"
+    assert filesystem.mkdirs(_hadoop_path(spark, directory), permission("750"))
+    assert _mode(directory) == 0o750
+    filesystem.setPermission(_hadoop_path(spark, created), permission("604"))
+    assert _mode(created) == 0o604
+    # Bits beyond rwx (the sticky bit) are Hadoop's own chmod's.
+    filesystem.setPermission(_hadoop_path(spark, directory), permission("1777"))
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o1777
+
+
+def test_local_link_status_is_hadoops(spark: Any, tmp_path: Path) -> None:
+    """Without a process: the same status as Hadoop's own local filesystem
+    gives, for a link, a file and a path that is not there."""
+    jvm = spark._jvm
+    ours = _local_filesystem(spark, tmp_path)
+    hadoops = jvm.org.apache.hadoop.fs.LocalFileSystem()
+    hadoops.initialize(jvm.java.net.URI("file:///"), spark._jsc.hadoopConfiguration())
+    target = tmp_path / "target.txt"
+    target.write_text("twelve bytes")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+
+    for path in (target, link):
+        mine = ours.getFileLinkStatus(_hadoop_path(spark, path))
+        theirs = hadoops.getFileLinkStatus(_hadoop_path(spark, path))
+        assert (mine.isSymlink(), mine.isFile(), mine.getLen(), mine.getPath().toString()) == (
+            theirs.isSymlink(),
+            theirs.isFile(),
+            theirs.getLen(),
+            theirs.getPath().toString(),
+        )
+        assert mine.getLen() == 12
+    for filesystem in (ours, hadoops):
+        with pytest.raises(Exception, match="FileNotFoundException"):
+            filesystem.getFileLinkStatus(_hadoop_path(spark, tmp_path / "missing"))
+
+
+def test_a_local_checkpoint_file_is_written_whole_and_replaced(spark: Any, tmp_path: Path) -> None:
+    """The checkpoint manager a local checkpoint gets (``checkpoint_options``),
+    on the local filesystem the session names: a file appears only when
+    closed, and an existing one is replaced only when asked."""
+    jvm = spark._jvm
+    (manager_class,) = checkpoint_options(str(tmp_path)).values()
+    conf = spark._jsc.hadoopConfiguration()
+    managers = jvm.org.apache.spark.sql.execution.streaming.CheckpointFileManager
+    conf.set(CHECKPOINT_MANAGER_CONF, manager_class)
+    try:
+        files = managers.create(_hadoop_path(spark, tmp_path), conf)
+    finally:
+        conf.unset(CHECKPOINT_MANAGER_CONF)
+    assert files.getClass().getName() == manager_class
+    batch = tmp_path / "offsets" / "0"
+    files.mkdirs(_hadoop_path(spark, batch.parent))
+    stream = files.createAtomic(_hadoop_path(spark, batch), False)
+    stream.write(b"v1")
+    assert not batch.exists()
+    stream.close()
+    assert batch.read_bytes() == b"v1"
+    again = files.createAtomic(_hadoop_path(spark, batch), False)
+    again.write(b"v2")
+    with pytest.raises(Exception, match="FileAlreadyExists"):
+        again.close()
+    assert batch.read_bytes() == b"v1"
+    replaced = files.createAtomic(_hadoop_path(spark, batch), True)
+    replaced.write(b"v3")
+    replaced.close()
+    assert batch.read_bytes() == b"v3"

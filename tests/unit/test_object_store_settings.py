@@ -7,6 +7,7 @@ from pydantic import SecretStr
 from shared.object_store import (
     ABORTABLE_CHECKPOINT_MANAGER,
     CHECKPOINT_MANAGER_CONF,
+    LOCAL_CHECKPOINT_MANAGER,
     checkpoint_options,
     hadoop_options,
     s3a_retry_limit,
@@ -69,7 +70,11 @@ def test_parquet_commits_through_s3as_magic_committer_without_rename() -> None:
     assert checkpoint_options("s3a://aistack/transform/checkpoint") == {
         CHECKPOINT_MANAGER_CONF: ABORTABLE_CHECKPOINT_MANAGER
     }
-    assert checkpoint_options("/var/lib/aistack/checkpoint") == {}
+    # On this machine's disk, through Hadoop's FileSystem (no readlink per
+    # rename); HDFS keeps Spark's default.
+    for local in ("/var/lib/aistack/checkpoint", "file:///var/lib/aistack/checkpoint"):
+        assert checkpoint_options(local) == {CHECKPOINT_MANAGER_CONF: LOCAL_CHECKPOINT_MANAGER}
+    assert checkpoint_options("hdfs://namenode:8020/aistack/checkpoint") == {}
 
 
 def test_an_outage_fails_after_about_the_ride_out_time() -> None:

@@ -104,3 +104,35 @@ def test_the_driver_maps_the_class_archive_only_where_one_was_built(
     monkeypatch.undo()
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-jdk"))
     assert class_archive.session_conf(user, tmp_path, functions) == user
+
+
+def test_local_files_go_through_the_nio_filesystem_on_the_driver_class_path(
+    tmp_path: Path,
+) -> None:
+    jar = tmp_path / "driver-0123.jar"
+    conf = jars.local_filesystem_conf(jar, {})
+    assert conf == {
+        jars.DRIVER_CLASS_PATH: str(jar),
+        "spark.hadoop.fs.file.impl": jars.NIO_LOCAL_FILESYSTEM,
+    }
+    # A class path the user gives is kept, ours after it.
+    given = {jars.DRIVER_CLASS_PATH: f"/opt/a.jar{os.pathsep}/opt/b.jar"}
+    assert jars.local_filesystem_conf(jar, given)[jars.DRIVER_CLASS_PATH] == os.pathsep.join(
+        ["/opt/a.jar", "/opt/b.jar", str(jar)]
+    )
+    # A local filesystem the user names is theirs.
+    assert jars.local_filesystem_conf(jar, {"spark.hadoop.fs.file.impl": "my.Fs"}) == {}
+
+
+def test_the_driver_jar_is_named_by_its_sources(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sources = tmp_path / "jvm_driver"
+    (sources / "dev").mkdir(parents=True)
+    (sources / "dev" / "Fs.java").write_text("class Fs {}")
+    monkeypatch.setattr(jars, "DRIVER_SOURCES", sources)
+    first = jars.driver_jar_path(tmp_path / "cache")
+    assert first.parent == tmp_path / "cache" / "aistack-spark-functions"
+    assert first.name.startswith("driver-") and first == jars.driver_jar_path(tmp_path / "cache")
+    (sources / "dev" / "Fs.java").write_text("class Fs { int x; }")
+    assert jars.driver_jar_path(tmp_path / "cache") != first
