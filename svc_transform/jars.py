@@ -162,22 +162,24 @@ def ensure_driver_jar(cache_dir: Path) -> Path:
     return jar
 
 
-def local_filesystem_conf(driver_jar: Path, conf: Mapping[str, str]) -> dict[str, str]:
-    """Spark settings for ``file:`` paths through ``NIO_LOCAL_FILESYSTEM``,
-    its jar appended to the driver's class path ``conf`` names (a local
-    master's tasks run in the driver). Without Hadoop's native library (pip's
-    pyspark has none) its own local filesystem starts a chmod for every file
-    and directory it creates and a readlink for every rename a FileContext
-    makes: at 1,000 events/s svc_transform's JVM started 38 processes a
-    second for its checkpoints, state and Parquet files. ``conf`` naming
-    another ``fs.file.impl`` keeps it."""
-    if "spark.hadoop.fs.file.impl" in conf:
-        return {}
+def local_filesystem_conf(
+    driver_jar: Path, conf: Mapping[str, str], *, local: bool
+) -> dict[str, str]:
+    """Spark settings for ``file:`` paths through ``NIO_LOCAL_FILESYSTEM``
+    on a ``local`` master, whose tasks run in the driver (a cluster's
+    executors would not find the class). The jar goes on the driver's class
+    path ``conf`` names on any master, so that the driver's class archive,
+    dumped under one class path, maps under the same. Without Hadoop's
+    native library (pip's pyspark has none) its own local filesystem starts
+    a chmod for every file and directory it creates and a readlink for every
+    rename a FileContext makes: at 1,000 events/s svc_transform's JVM
+    started 38 processes a second for its checkpoints, state and Parquet
+    files. ``conf`` naming another ``fs.file.impl`` keeps it."""
     class_path = [p for p in conf.get(DRIVER_CLASS_PATH, "").split(os.pathsep) if p]
-    return {
-        DRIVER_CLASS_PATH: os.pathsep.join([*class_path, str(driver_jar)]),
-        "spark.hadoop.fs.file.impl": NIO_LOCAL_FILESYSTEM,
-    }
+    found = {DRIVER_CLASS_PATH: os.pathsep.join([*class_path, str(driver_jar)])}
+    if local and "spark.hadoop.fs.file.impl" not in conf:
+        found["spark.hadoop.fs.file.impl"] = NIO_LOCAL_FILESYSTEM
+    return found
 
 
 #: Spark's setting for the driver JVM's class path at launch.

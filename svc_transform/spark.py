@@ -41,7 +41,7 @@ def session(
         "spark.scheduler.mode": "FAIR",
         **spark.conf,
     }
-    conf |= jars.local_filesystem_conf(jars.ensure_driver_jar(cache), conf)
+    conf |= jars.local_filesystem_conf(jars.ensure_driver_jar(cache), conf, local=spark.is_local())
     if class_archive:
         conf = archive.session_conf(conf, cache, jars.ensure_functions_jar(cache))
     started = spark_session.session(

@@ -110,18 +110,22 @@ def test_local_files_go_through_the_nio_filesystem_on_the_driver_class_path(
     tmp_path: Path,
 ) -> None:
     jar = tmp_path / "driver-0123.jar"
-    conf = jars.local_filesystem_conf(jar, {})
-    assert conf == {
+    assert jars.local_filesystem_conf(jar, {}, local=True) == {
         jars.DRIVER_CLASS_PATH: str(jar),
         "spark.hadoop.fs.file.impl": jars.NIO_LOCAL_FILESYSTEM,
     }
     # A class path the user gives is kept, ours after it.
     given = {jars.DRIVER_CLASS_PATH: f"/opt/a.jar{os.pathsep}/opt/b.jar"}
-    assert jars.local_filesystem_conf(jar, given)[jars.DRIVER_CLASS_PATH] == os.pathsep.join(
-        ["/opt/a.jar", "/opt/b.jar", str(jar)]
-    )
-    # A local filesystem the user names is theirs.
-    assert jars.local_filesystem_conf(jar, {"spark.hadoop.fs.file.impl": "my.Fs"}) == {}
+    assert jars.local_filesystem_conf(jar, given, local=True)[
+        jars.DRIVER_CLASS_PATH
+    ] == os.pathsep.join(["/opt/a.jar", "/opt/b.jar", str(jar)])
+    # A local filesystem the user names is theirs; a cluster's executors
+    # lack the jar. The driver's class path is the same either way (its
+    # class archive maps only under the class path it was dumped with).
+    for conf, local in (({"spark.hadoop.fs.file.impl": "my.Fs"}, True), ({}, False)):
+        assert jars.local_filesystem_conf(jar, conf, local=local) == {
+            jars.DRIVER_CLASS_PATH: str(jar)
+        }
 
 
 def test_the_driver_jar_is_named_by_its_sources(
