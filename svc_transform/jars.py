@@ -162,6 +162,10 @@ def ensure_driver_jar(cache_dir: Path) -> Path:
     return jar
 
 
+#: Spark's setting for the driver JVM's class path at launch.
+DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
+
+
 def local_filesystem_conf(
     driver_jar: Path, conf: Mapping[str, str], *, local: bool
 ) -> dict[str, str]:
@@ -172,18 +176,13 @@ def local_filesystem_conf(
     dumped under one class path, maps under the same. Without Hadoop's
     native library (pip's pyspark has none) its own local filesystem starts
     a chmod for every file and directory it creates and a readlink for every
-    rename a FileContext makes: at 1,000 events/s svc_transform's JVM
-    started 38 processes a second for its checkpoints, state and Parquet
-    files. ``conf`` naming another ``fs.file.impl`` keeps it."""
+    link status asked: at 1,000 events/s svc_transform's JVM started 38
+    processes a second for its checkpoints, state and Parquet files. ``conf`` naming another ``fs.file.impl`` keeps it."""
     class_path = [p for p in conf.get(DRIVER_CLASS_PATH, "").split(os.pathsep) if p]
     found = {DRIVER_CLASS_PATH: os.pathsep.join([*class_path, str(driver_jar)])}
     if local and "spark.hadoop.fs.file.impl" not in conf:
         found["spark.hadoop.fs.file.impl"] = NIO_LOCAL_FILESYSTEM
     return found
-
-
-#: Spark's setting for the driver JVM's class path at launch.
-DRIVER_CLASS_PATH = "spark.driver.extraClassPath"
 
 
 def _sources_digest(root: Path, *extra: Path) -> str:

@@ -1,16 +1,19 @@
 """svc_transform's JVM protobuf functions, and its driver's local
-filesystem and checkpoint files, on a real local Spark."""
+filesystem, checkpoint files and progress reports, on a real local Spark."""
 
 from __future__ import annotations
 
 import os
 import stat
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
+from prometheus_client import CollectorRegistry
+from pyspark.sql import functions as F
 
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, features_pb2
 from shared.object_store import CHECKPOINT_MANAGER_CONF, checkpoint_options
@@ -21,6 +24,8 @@ from svc_transform.functions import (
     ENCODE_FEATURE_WINDOW,
 )
 from svc_transform.jars import NIO_LOCAL_FILESYSTEM
+from svc_transform.job import ProgressListener
+from svc_transform.metrics import TransformMetrics
 
 
 def _sensor_event() -> bytes:
@@ -248,3 +253,51 @@ def test_a_local_checkpoint_file_is_written_whole_and_replaced(spark: Any, tmp_p
     replaced.write(b"v3")
     replaced.close()
     assert batch.read_bytes() == b"v3"
+
+
+class _Recorded(ProgressListener):
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(TransformMetrics.create(registry))
+        self.progress: list[Any] = []
+
+    def onQueryProgress(self, event: Any) -> None:
+        self.progress.append(event.progress)
+        super().onQueryProgress(event)
+
+
+def test_progress_reports_reach_the_listener_as_json(spark: Any, tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    listener = _Recorded(registry)
+    spark.streams.addListener(listener)
+    windows = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 200)
+        .load()
+        .withWatermark("timestamp", "1 second")
+        .groupBy(F.window("timestamp", "1 second"))
+        .count()
+    )
+    query = (
+        windows.writeStream.queryName("progress_as_json")
+        .outputMode("append")
+        .format("memory")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.numInputRows for p in listener.progress):
+            assert time.monotonic() < deadline, "no progress report with rows came"
+            time.sleep(0.2)
+    finally:
+        query.stop()
+        spark.streams.removeListener(listener)
+    reports = [p for p in listener.progress if p.name == "progress_as_json"]
+    # Read as one JSON document each: nothing held on the JVM.
+    assert all(p._jprogress is None for p in reports)
+    assert [p.batchId for p in reports] == sorted({p.batchId for p in reports})
+    assert str(reports[0].id) == query.id
+    assert reports[-1].stateOperators[0].numRowsTotal >= 0
+    counted = registry.get_sample_value("aistack_transform_rows_in_total", {"query": "progress_as_json"})
+    assert counted == sum(p.numInputRows for p in reports) > 0

@@ -17,11 +17,13 @@ import org.apache.hadoop.fs.permission.FsPermission;
  *
  * <p>Without Hadoop's native library (pip's pyspark has none), RawLocalFileSystem runs {@code
  * chmod} for every file and directory it creates with a permission, and {@code readlink} for
- * every link status it is asked (each rename through a FileContext): a streaming query's
- * checkpoint, state store deltas and Parquet files started about 38 processes a second from
- * svc_transform's JVM at 1,000 events/s. Here a permission is set, and a link read, through
- * java.nio, with the same outcome; what java.nio cannot express (the sticky bit, a filesystem
- * without POSIX attributes) is left to Hadoop's own way.
+ * every link status it is asked: a streaming query's checkpoint, state store deltas and Parquet
+ * files started about 38 processes a second from svc_transform's JVM at 1,000 events/s. Here a
+ * permission is set, and a link read, through java.nio, with the same outcome; what java.nio
+ * cannot express (the sticky bit, a filesystem without POSIX attributes) is left to Hadoop's own
+ * way. The readlinks of a FileContext's renames are not served here (a FileContext keeps Hadoop's
+ * RawLocalFs): a local checkpoint goes through the FileSystem instead
+ * (shared.object_store.LOCAL_CHECKPOINT_MANAGER).
  */
 public final class NioLocalFileSystem extends LocalFileSystem {
 
