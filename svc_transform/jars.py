@@ -177,7 +177,8 @@ def local_filesystem_conf(
     native library (pip's pyspark has none) its own local filesystem starts
     a chmod for every file and directory it creates and a readlink for every
     link status asked: at 1,000 events/s svc_transform's JVM started 38
-    processes a second for its checkpoints, state and Parquet files. ``conf`` naming another ``fs.file.impl`` keeps it."""
+    processes a second for its checkpoints, state and Parquet files.
+    ``conf`` naming another ``fs.file.impl`` keeps it."""
     class_path = [p for p in conf.get(DRIVER_CLASS_PATH, "").split(os.pathsep) if p]
     found = {DRIVER_CLASS_PATH: os.pathsep.join([*class_path, str(driver_jar)])}
     if local and "spark.hadoop.fs.file.impl" not in conf:

@@ -31,6 +31,7 @@ from shared.bus.deadletter import ERROR_HEADER, SOURCE_HEADER
 from shared.bus.lag import ConsumerLag, behind
 from shared.log import get_logger
 from shared.object_store import checkpoint_options, hadoop_url
+from svc_transform.codegen import BatchSizes, ByBatchSize
 from svc_transform.functions import CLEAN_EVENT_ERROR, ENCODE_DEAD_LETTER
 from svc_transform.metrics import TransformMetrics
 from svc_transform.sinks import (
@@ -155,7 +156,8 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
         # Read as each query starts; every query's checkpoint is under this one.
         spark.conf.set(key, value)
     trigger = f"{settings.trigger_seconds} seconds"
-    spark.streams.addListener(ProgressListener(metrics))
+    sizes = BatchSizes()
+    spark.streams.addListener(ProgressListener(metrics, sizes))
     job = Job(spark)
     dead = (
         dead_letter_records(read_clean_events(spark, settings, headers=True))
@@ -188,13 +190,13 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
         )
         .writeStream.queryName(WINDOWS_QUERY)
         .outputMode("append")
-        .foreachBatch(sink)
+        .foreachBatch(ByBatchSize(sink, WINDOWS_QUERY, sizes, settings.interpreted_max_rows))
         .option("checkpointLocation", f"{checkpoint}/{WINDOWS_QUERY}")
         .trigger(processingTime=trigger)
     )
     job.queries.append(windows.start())
     if settings.open_windows != "none":
-        job.queries.append(start_open_windows(spark, settings, metrics, checkpoint))
+        job.queries.append(start_open_windows(spark, settings, metrics, checkpoint, sizes))
     log.info(
         "transform.started",
         queries=[q.name for q in job.queries],
@@ -211,7 +213,11 @@ def open_window_specs(settings: TransformSettings) -> list[WindowSpec]:
 
 
 def start_open_windows(
-    spark: SparkSession, settings: TransformSettings, metrics: TransformMetrics, checkpoint: str
+    spark: SparkSession,
+    settings: TransformSettings,
+    metrics: TransformMetrics,
+    checkpoint: str,
+    sizes: BatchSizes,
 ) -> StreamingQuery:
     """The open windows' running aggregates into the online store, every micro-batch.
 
@@ -240,7 +246,9 @@ def start_open_windows(
             )
             .writeStream.queryName(OPEN_WINDOWS_QUERY)
             .outputMode("update")
-            .foreachBatch(sink)
+            .foreachBatch(
+                ByBatchSize(sink, OPEN_WINDOWS_QUERY, sizes, settings.interpreted_max_rows)
+            )
             .option("checkpointLocation", f"{checkpoint}/{OPEN_WINDOWS_QUERY}")
             .trigger(processingTime=f"{settings.open_window_trigger_seconds} seconds")
             .start()
@@ -254,10 +262,11 @@ class ProgressListener(StreamingQueryListener):
     """Counts rows in and late rows dropped, and exports each query's
     consumer lag (``shared.bus.lag``, reader ``svc_transform.<query>``), from
     Spark's progress reports, each read from the JVM as one JSON document
-    (``JsonProgressEvents``)."""
+    (``JsonProgressEvents``); gives ``sizes`` each query's batch and lag."""
 
-    def __init__(self, metrics: TransformMetrics) -> None:
+    def __init__(self, metrics: TransformMetrics, sizes: BatchSizes | None = None) -> None:
         self._metrics = metrics
+        self._sizes = sizes if sizes is not None else BatchSizes()
         self._lags: dict[str, ConsumerLag] = {}  # by query id
 
     @property
@@ -302,7 +311,8 @@ class ProgressListener(StreamingQueryListener):
             rows=progress.numInputRows,
             durations_ms=progress.durationMs,
         )
-        self._export_lag(progress, name)
+        behind_by = self._export_lag(progress, name)
+        self._sizes.record(name, progress.numInputRows, behind_by)
         dropped = sum(op.numRowsDroppedByWatermark for op in progress.stateOperators)
         if dropped:
             metrics.late_rows_dropped.labels(name).inc(dropped)
@@ -315,7 +325,8 @@ class ProgressListener(StreamingQueryListener):
                 offsets=[source.startOffset for source in progress.sources],
             )
 
-    def _export_lag(self, progress: Any, name: str) -> None:
+    def _export_lag(self, progress: Any, name: str) -> int:
+        """Exports the query's lag per partition; its total."""
         query_id = str(progress.id)
         lag = self._lags.get(query_id)
         if lag is None:
@@ -326,6 +337,7 @@ class ProgressListener(StreamingQueryListener):
         for (topic, partition), behind_by in lags.items():
             lag.set(topic, partition, behind_by)
         lag.keep(lags.keys())
+        return sum(lags.values())
 
 
 class JsonProgressEvents(JStreamingQueryListener):

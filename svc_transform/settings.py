@@ -63,6 +63,11 @@ class TransformSettings(ServiceSettings):
     # workers; the windows.written log line times each part); a larger one
     # by Spark's Kafka sink and its executors. 0: always by Spark.
     driver_write_max_windows: int = Field(default=20_000, ge=0)
+    # A windows query's batch expected to hold at most this many rows runs
+    # Spark's interpreted projections (svc_transform.codegen): generating
+    # and compiling them in every task costs a small batch more than its
+    # rows. 0: always generated code.
+    interpreted_max_rows: int = Field(default=20_000, ge=0)
     metrics_port: int = Field(default=9103, ge=0, le=65535)
 
     @field_validator("starting_offsets")

@@ -23,6 +23,13 @@ from svc_transform.functions import (
     ENCODE_DEAD_LETTER,
     ENCODE_FEATURE_WINDOW,
 )
+from svc_transform.codegen import (
+    CODEGEN_FACTORY_MODE,
+    GENERATED,
+    INTERPRETED,
+    BatchSizes,
+    ByBatchSize,
+)
 from svc_transform.jars import NIO_LOCAL_FILESYSTEM
 from svc_transform.job import ProgressListener
 from svc_transform.metrics import TransformMetrics
@@ -256,8 +263,8 @@ def test_a_local_checkpoint_file_is_written_whole_and_replaced(spark: Any, tmp_p
 
 
 class _Recorded(ProgressListener):
-    def __init__(self, registry: CollectorRegistry) -> None:
-        super().__init__(TransformMetrics.create(registry))
+    def __init__(self, registry: CollectorRegistry, sizes: BatchSizes) -> None:
+        super().__init__(TransformMetrics.create(registry), sizes)
         self.progress: list[Any] = []
 
     def onQueryProgress(self, event: Any) -> None:
@@ -265,10 +272,19 @@ class _Recorded(ProgressListener):
         super().onQueryProgress(event)
 
 
-def test_progress_reports_reach_the_listener_as_json(spark: Any, tmp_path: Path) -> None:
+def test_progress_reports_reach_the_listener_as_json_and_size_the_next_batch(
+    spark: Any,
+) -> None:
     registry = CollectorRegistry()
-    listener = _Recorded(registry)
+    sizes = BatchSizes()
+    listener = _Recorded(registry, sizes)
     spark.streams.addListener(listener)
+    modes: list[tuple[int, str, int]] = []  # batch, its projections, windows counted
+
+    def sink(batch: Any, batch_id: int) -> None:
+        counted = batch.agg(F.sum("count")).first()[0] or 0
+        modes.append((batch_id, batch.sparkSession.conf.get(CODEGEN_FACTORY_MODE), counted))
+
     windows = (
         spark.readStream.format("rate")
         .option("rowsPerSecond", 200)
@@ -277,27 +293,34 @@ def test_progress_reports_reach_the_listener_as_json(spark: Any, tmp_path: Path)
         .groupBy(F.window("timestamp", "1 second"))
         .count()
     )
+    name = "progress_as_json"
     query = (
-        windows.writeStream.queryName("progress_as_json")
-        .outputMode("append")
-        .format("memory")
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        windows.writeStream.queryName(name)
+        .outputMode("update")
+        .foreachBatch(ByBatchSize(sink, name, sizes, interpreted_max_rows=20_000))
         .trigger(processingTime="500 milliseconds")
         .start()
     )
     try:
         deadline = time.monotonic() + 60
-        while not any(p.numInputRows for p in listener.progress):
-            assert time.monotonic() < deadline, "no progress report with rows came"
+        while not any(mode == INTERPRETED and rows for _, mode, rows in modes):
+            assert time.monotonic() < deadline, f"no small batch ran interpreted: {modes}"
             time.sleep(0.2)
     finally:
         query.stop()
         spark.streams.removeListener(listener)
-    reports = [p for p in listener.progress if p.name == "progress_as_json"]
+    reports = [p for p in listener.progress if p.name == name]
     # Read as one JSON document each: nothing held on the JVM.
     assert all(p._jprogress is None for p in reports)
     assert [p.batchId for p in reports] == sorted({p.batchId for p in reports})
     assert str(reports[0].id) == query.id
     assert reports[-1].stateOperators[0].numRowsTotal >= 0
-    counted = registry.get_sample_value("aistack_transform_rows_in_total", {"query": "progress_as_json"})
+    counted = registry.get_sample_value("aistack_transform_rows_in_total", {"query": name})
     assert counted == sum(p.numInputRows for p in reports) > 0
+    # Before its first report, a query may be reading a backlog: generated code.
+    assert modes[0][1] == GENERATED
+    # Each batch's running counts add up to its rows, whichever projections ran.
+    by_batch = {p.batchId: p.numInputRows for p in reports}
+    for batch_id, _, windows_counted in modes:
+        if batch_id in by_batch and windows_counted:
+            assert windows_counted >= by_batch[batch_id]

@@ -14,6 +14,7 @@ from pyspark.sql.streaming.listener import (
     QueryTerminatedEvent,
 )
 
+from svc_transform.codegen import BatchSizes
 from svc_transform.job import ProgressListener, offsets_behind
 from svc_transform.metrics import TransformMetrics
 
@@ -94,3 +95,19 @@ def test_each_query_exports_its_lag_and_drops_it_when_it_ends() -> None:
     assert (lag(reader, 0), lag(reader, 1)) == (0, 0)
     listener.onQueryTerminated(QueryTerminatedEvent(query_id, uuid.uuid4(), None, None))
     assert (lag(reader, 0), lag(reader, 1)) == (None, None)
+
+
+def test_each_querys_next_batch_is_expected_from_its_last_report() -> None:
+    sizes = BatchSizes()
+    listener = ProgressListener(TransformMetrics.create(CollectorRegistry()), sizes)
+    # 47 rows read, 7 behind the source's latest: the next batch holds about 47.
+    listener.onQueryProgress(
+        progress(uuid.uuid4(), "windows", {"0": 40, "1": 7}, {"0": 45, "1": 9}, as_json=True)
+    )
+    # 3 rows read, 900 behind: the next reads those 900.
+    listener.onQueryProgress(
+        progress(uuid.uuid4(), "open-windows", {"0": 3}, {"0": 903}, as_json=True)
+    )
+    assert sizes.expected_rows("windows") == 47
+    assert sizes.expected_rows("open-windows") == 900
+    assert sizes.expected_rows("dead-letters") is None
