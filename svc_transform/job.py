@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import functions as F
@@ -181,6 +182,7 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
         online_ttl_seconds=settings.online_ttl_seconds,
         driver_max_windows=settings.driver_write_max_windows,
         on_written=metrics.windows_out.labels(WINDOWS_QUERY).inc,
+        expected_rows=partial(sizes.expected_rows, WINDOWS_QUERY),
     )
     windows = (
         aggregate(
