@@ -17,18 +17,18 @@ from pyspark.sql import functions as F
 
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, features_pb2
 from shared.object_store import CHECKPOINT_MANAGER_CONF, checkpoint_options
-from svc_transform.functions import (
-    CLEAN_EVENT_ERROR,
-    DECODE_CLEAN_EVENT,
-    ENCODE_DEAD_LETTER,
-    ENCODE_FEATURE_WINDOW,
-)
 from svc_transform.codegen import (
     CODEGEN_FACTORY_MODE,
     GENERATED,
     INTERPRETED,
     BatchSizes,
     ByBatchSize,
+)
+from svc_transform.functions import (
+    CLEAN_EVENT_ERROR,
+    DECODE_CLEAN_EVENT,
+    ENCODE_DEAD_LETTER,
+    ENCODE_FEATURE_WINDOW,
 )
 from svc_transform.jars import NIO_LOCAL_FILESYSTEM
 from svc_transform.job import ProgressListener
