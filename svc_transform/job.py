@@ -348,8 +348,8 @@ class JsonProgressEvents(JStreamingQueryListener):
     field by field, a py4j round trip each, and looks up the classes of what
     they return over every jar on the class path: 137 ms of both processes'
     CPU a report against 0.6 ms as JSON (one windowed query's report, on
-    the 2-core build machine), with three queries reporting every second or
-    two on the cores their batches run on."""
+    the 2-core build machine), with three queries reporting from every half
+    second to every few seconds on the cores their batches run on."""
 
     def onQueryProgress(self, jevent: Any) -> None:
         event = {"progress": json.loads(jevent.progress().json())}

@@ -13,12 +13,17 @@ from shared import spark_session
 from svc_transform import jars
 
 
+def _java_tree(root: Path, name: str) -> Path:
+    """A source tree of one empty class, ``dev/<name>.java``, under *root*."""
+    (root / "dev").mkdir(parents=True)
+    (root / "dev" / f"{name}.java").write_text(f"class {name} {{}}")
+    return root
+
+
 def test_the_functions_jar_is_named_after_its_sources(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sources = tmp_path / "jvm"
-    (sources / "dev").mkdir(parents=True)
-    (sources / "dev" / "A.java").write_text("class A {}")
+    sources = _java_tree(tmp_path / "jvm", "A")
     (sources / "pom.xml").write_text("<project/>")
     descriptors = tmp_path / "aistack_v1.binpb"
     descriptors.write_bytes(b"\x0a\x00")
@@ -131,9 +136,7 @@ def test_local_files_go_through_the_nio_filesystem_on_the_driver_class_path(
 def test_the_driver_jar_is_named_by_its_sources(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sources = tmp_path / "jvm_driver"
-    (sources / "dev").mkdir(parents=True)
-    (sources / "dev" / "Fs.java").write_text("class Fs {}")
+    sources = _java_tree(tmp_path / "jvm_driver", "Fs")
     monkeypatch.setattr(jars, "DRIVER_SOURCES", sources)
     first = jars.driver_jar_path(tmp_path / "cache")
     assert first.parent == tmp_path / "cache" / "aistack-spark-functions"
