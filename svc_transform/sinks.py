@@ -7,7 +7,8 @@ Spark runs again after a restart has the same id and the same rows, so:
 * Parquet: the batch's rows replace its own partition (``batch=<id>`` under
   date, metric and window kind), never anyone else's: no row twice. On a
   local filesystem Spark's dynamic partition overwrite does it (a rename
-  into place). On the object store (``s3a://``) S3A's magic committer
+  into place), or for a batch of a few windows the driver, the same way
+  (``svc_transform.driver_parquet``). On the object store (``s3a://``) S3A's magic committer
   writes without rename and cannot overwrite by partition: the batch's
   files are appended, and before a batch that may have been written already
   (the first a sink runs: Spark runs an unfinished batch again only after a
@@ -27,11 +28,13 @@ same FeatureWindow bytes as the window's Kafka record.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import pyarrow as pa
 from pyspark.sql import functions as F
 
 from shared.bus import envelope
@@ -46,9 +49,10 @@ from shared.feature_store import (
     open_field,
 )
 from shared.log import get_logger
-from shared.object_store import is_object_url
+from shared.object_store import is_object_url, scheme
 from shared.redis_client import REDIS_RIDE_OUT_SECONDS, make_redis
 from shared.settings import KafkaSettings, RedisSettings
+from svc_transform.driver_parquet import ParquetOptions, partition_namer, write_batch
 from svc_transform.windows import feature_window_bytes
 
 if TYPE_CHECKING:
@@ -58,6 +62,9 @@ SERVICE = "svc_transform"
 FEATURE_WINDOW_TYPE = type_name(FeatureWindow)
 
 log = get_logger("svc_transform")
+
+# The partitions a window's row gives; the sink adds the batch's own.
+_ROW_PARTITIONS = tuple(name for name in PARTITION_COLUMNS if name != "batch")
 
 # Replace the stored window only with a newer one; keep the key alive.
 _SET_IF_NEWER = """
@@ -157,35 +164,40 @@ class WindowSink:
         # The two stores are written concurrently on the cached windows: the
         # batch takes the slower one's time, not their sum.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="window-store")
+        # The offline columns' Spark schema (JSON) by their Arrow schema, and
+        # Spark's names for partitions: asked of the JVM once, not per batch.
+        self._spark_schemas: dict[pa.Schema, str] = {}
+        self._name_partition: Callable[[Sequence[str | None]], str] | None = None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
         batch.persist()
         try:
-            rows: list[Row] | None = None
+            table: pa.Table | None = None
             if self._few_expected():
                 # The collect itself computes the batch into its cache: one
                 # job where a count and then a collect were two.
-                rows = self._collect(batch)
-                count = len(rows)
+                table = self.collect(batch)
+                count = table.num_rows
             else:
                 count = batch.count()
             if not count:
                 return
             counted = time.perf_counter()
-            if rows is not None or count <= self._driver_max_windows:
-                # A few windows: the driver writes Kafka and Redis from one
-                # small collect (no Kafka job, no Python workers), Kafka first;
-                # Spark writes them to Parquet in one task.
-                if rows is None:
-                    rows = self._collect(batch)
+            if table is not None or count <= self._driver_max_windows:
+                # A few windows: the driver writes all three stores from one
+                # small collect (no Kafka job, no Python workers, no Parquet
+                # job on a local store), Kafka first.
+                if table is None:
+                    table = self.collect(batch)
+                windows = _DriverWindow.all(table)
                 seconds = {
                     "collect_s": round(time.perf_counter() - counted, 3),
-                    "kafka_s": _timed(partial(self._produce, rows)),
+                    "kafka_s": _timed(partial(self._produce, windows)),
                 }
                 stores = {
-                    "parquet": partial(self.to_parquet, batch.coalesce(1), batch_id),
-                    "redis": partial(_write_online, rows, self._redis, self._prefix, self._ttl),
+                    "parquet": partial(self.to_parquet_collected, batch, table, batch_id),
+                    "redis": partial(_write_online, windows, self._redis, self._prefix, self._ttl),
                 }
             else:
                 # Kafka first and alone: it is what downstream services wait on.
@@ -218,12 +230,44 @@ class WindowSink:
         limit = self._driver_max_windows
         return limit > 0 and expected is not None and expected <= limit
 
-    def _collect(self, batch: DataFrame) -> list[Row]:
-        """The batch's windows as the driver writes them: Redis's columns and
-        the record's key and event id, with the FeatureWindow bytes."""
-        return batch.select(*_online_columns(), "window_key").collect()
+    def collect(self, batch: DataFrame) -> pa.Table:
+        """The batch's windows as the driver writes them: the offline
+        store's columns and partitions but the batch, and Redis's and
+        Kafka's (the end, the FeatureWindow bytes)."""
+        return batch.select(
+            *OFFLINE_COLUMNS,
+            *_ROW_PARTITIONS,
+            *_online_values(),
+        ).toArrow()
 
-    def _produce(self, rows: Iterable[Row]) -> None:
+    def to_parquet_collected(self, batch: DataFrame, table: pa.Table, batch_id: int) -> None:
+        """The collected windows (``table``) into a local offline store, as
+        Spark's write of ``batch`` would lay them out (``driver_parquet``);
+        anywhere else, or where the session's Parquet settings are not
+        pyarrow's to honour, Spark's write of the batch in one task."""
+        options = ParquetOptions.of(batch.sparkSession.conf.get)
+        if scheme(self._offline_path) or options is None:
+            self.to_parquet(batch.coalesce(1), batch_id)
+            return
+        rows = table.select([*OFFLINE_COLUMNS, *_ROW_PARTITIONS])
+        rows = rows.append_column("batch", pa.array([batch_id] * rows.num_rows, pa.int64()))
+        schema = self._spark_schemas.get(rows.schema)
+        if schema is None:
+            # The query's columns do not change while it runs: asked once.
+            schema = batch.select(*OFFLINE_COLUMNS).schema.json()
+            self._spark_schemas[rows.schema] = schema
+        if self._name_partition is None:
+            self._name_partition = partition_namer(batch.sparkSession, PARTITION_COLUMNS)
+        write_batch(
+            rows,
+            Path(self._offline_path),
+            partition_columns=PARTITION_COLUMNS,
+            spark_schema=schema,
+            options=options,
+            partition_path=self._name_partition,
+        )
+
+    def _produce(self, rows: Iterable[Any]) -> None:
         """The windows to the features topic as Spark's Kafka sink writes
         them (key the entity, the envelope's id the window key, every
         in-sync replica), and on to the next batch only once all are."""
@@ -289,30 +333,41 @@ def _delete_partitions(rows: DataFrame, root: str) -> None:
     spark = rows.sparkSession
     jvm = spark._jvm
     assert jvm is not None
-    names = jvm.org.apache.spark.sql.catalyst.catalog.ExternalCatalogUtils
     hadoop = jvm.org.apache.hadoop.fs
     base = hadoop.Path(root)
     filesystem = base.getFileSystem(spark._jsparkSession.sessionState().newHadoopConf())
+    name_partition = partition_namer(spark, PARTITION_COLUMNS)
     for values in rows.select(*PARTITION_COLUMNS).distinct().collect():
-        relative = "/".join(
-            names.getPartitionPathString(name, str(value))
-            for name, value in zip(PARTITION_COLUMNS, values, strict=True)
-        )
+        relative = name_partition([str(value) for value in values])
         if filesystem.delete(hadoop.Path(base, relative), True):
             log.info("parquet.replaced", partition=relative)
+
+
+class _DriverWindow(NamedTuple):
+    """A closed window as the driver writes it to Kafka and Redis."""
+
+    entity_id: str
+    metric: str
+    path: str
+    window: str
+    window_key: str
+    end_ms: int
+    value: bytes
+
+    @classmethod
+    def all(cls, table: pa.Table) -> list[_DriverWindow]:
+        columns = (table.column(name).to_pylist() for name in cls._fields)
+        return [cls(*values) for values in zip(*columns, strict=True)]
 
 
 def _online_columns() -> list[Column | str]:
     """A closed window as ``_write_online`` stores it: its field's parts, its
     end (which replaces which) and its FeatureWindow bytes."""
-    return [
-        "entity_id",
-        "metric",
-        "path",
-        "window",
-        F.unix_millis("window_end").alias("end_ms"),
-        feature_window_bytes().alias("value"),
-    ]
+    return ["entity_id", "metric", "path", "window", *_online_values()]
+
+
+def _online_values() -> list[Column]:
+    return [F.unix_millis("window_end").alias("end_ms"), feature_window_bytes().alias("value")]
 
 
 class OpenWindowSink:

@@ -1,13 +1,21 @@
-"""Window arithmetic of svc_transform on a real local Spark, on static frames."""
+"""Window arithmetic of svc_transform on a real local Spark, on static
+frames, and the windows' way into the offline store."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
+
+import pyarrow.parquet as pq
 
 from shared.contracts.aistack.v1 import events_pb2, features_pb2
 from shared.feature_store import event_series
+from shared.settings import KafkaSettings, RedisSettings
+from svc_transform.driver_parquet import SPARK_SCHEMA_KEY
+from svc_transform.sinks import WindowSink
 from svc_transform.windows import (
     WEB_LATENCY,
     WindowSpec,
@@ -304,3 +312,80 @@ def test_an_open_window_encodes_as_one(spark: Any) -> None:
         for r in closed.select(feature_window_bytes().alias("v")).collect()
     ]
     assert not encoded.open
+
+
+def test_a_batch_written_from_the_driver_reads_back_as_sparks_own_write(
+    spark: Any, tmp_path: Path
+) -> None:
+    """``WindowSink.to_parquet_collected`` (pyarrow, from the driver's
+    collect) against ``to_parquet`` (Spark's write) of the same batch: the
+    same directories, files Spark and pyarrow read alike, and a batch written
+    again replacing its own partitions only."""
+    odd = events_pb2.CleanEvent(event_id="odd", entity_id="t-6")
+    odd.event_time.FromDatetime(T0 + timedelta(seconds=3))
+    odd.sensor_reading.device_id = "t-6"
+    # Characters Spark escapes in a directory name.
+    odd.sensor_reading.measurements.add(metric="in/out:a=b %#?", value=2.5, unit="degC")
+    values = [sensor(f"t-{i % 3}", T0 + timedelta(seconds=7 * i), float(i)) for i in range(30)]
+    values += [odd.SerializeToString(), web("web-3", T0, "/a b", 500, 4.0)]
+    specs = [WindowSpec(60, 60), WindowSpec(120, 60)]
+    batch = aggregate(observations(decode(frame(spark, values))), specs, 0).cache()
+
+    def sink(root: Path) -> WindowSink:
+        return WindowSink(
+            kafka=KafkaSettings(),
+            redis=RedisSettings(),
+            features_topic="unused",
+            offline_path=str(root),
+            online_key_prefix="unused",
+            online_ttl_seconds=60,
+        )
+
+    by_spark, by_driver = sink(tmp_path / "spark"), sink(tmp_path / "driver")
+    by_spark.to_parquet(batch, 5)
+    by_driver.to_parquet_collected(batch, by_driver.collect(batch), 5)
+
+    def leaves(root: Path) -> dict[str, list[Path]]:
+        files: dict[str, list[Path]] = {}
+        for file in sorted(root.rglob("*.parquet")):
+            files.setdefault(str(file.parent.relative_to(root)), []).append(file)
+        return files
+
+    def footer(schema: Any) -> dict[bytes, Any]:
+        """The file's key-value metadata, Spark's schema parsed."""
+        meta = dict(schema.metadata or {})
+        meta[SPARK_SCHEMA_KEY.encode()] = json.loads(meta[SPARK_SCHEMA_KEY.encode()])
+        return meta
+
+    spark_files, driver_files = leaves(tmp_path / "spark"), leaves(tmp_path / "driver")
+    assert spark_files.keys() == driver_files.keys()
+    assert "metric=in%2Fout%3Aa%3Db %25%23%3F" in {
+        part for name in driver_files for part in name.split("/")
+    }
+    assert {len(files) for files in driver_files.values()} == {1}
+    for name, (file, *_) in spark_files.items():
+        ours = pq.read_schema(driver_files[name][0])
+        theirs = pq.read_schema(file)
+        assert ours.remove_metadata() == theirs.remove_metadata(), name
+        assert footer(ours) == footer(theirs), name
+
+    def stored(root: Path) -> tuple[Any, list[str]]:
+        frame = spark.read.parquet(str(root))
+        return frame.schema, sorted(str(row) for row in frame.collect())
+
+    assert stored(tmp_path / "driver") == stored(tmp_path / "spark")
+    assert len(stored(tmp_path / "driver")[1]) == batch.count() > 10
+
+    # Batch 5 again, fewer temperature windows: the partitions it writes
+    # hold only those, the other metrics' partitions of batch 5 are kept;
+    # then batch 6, beside it.
+    fewer = batch.where("entity_id = 't-0'")
+    by_driver.to_parquet_collected(fewer, by_driver.collect(fewer), 5)
+    by_driver.to_parquet_collected(batch, by_driver.collect(batch), 6)
+    again = spark.read.parquet(str(tmp_path / "driver"))
+    temperature = "metric = 'temperature'"
+    assert again.where(f"batch = 5 AND {temperature}").count() == fewer.count() > 0
+    others = batch.where(f"NOT {temperature}").count()
+    assert again.where(f"batch = 5 AND NOT {temperature}").count() == others > 0
+    assert again.where("batch = 6").count() == batch.count()
+    assert not [p for p in (tmp_path / "driver").iterdir() if p.name.startswith(".")]
