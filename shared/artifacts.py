@@ -215,26 +215,27 @@ class ArtifactStore:
 
         A writer may replace the version the pointer named while it is being
         copied (a new version, the pointer moved, the old one removed): the
-        copy then fails or finds nothing, and the pointer, read again, names
-        the newer one, which is copied instead. A failure with the pointer
-        unmoved is the store's, and is raised."""
+        copy then fails, finds nothing or finds part of it. So the pointer is
+        read again after every copy: unmoved, the version copied was whole
+        (a writer removes a version only once the pointer has left it, and
+        it never comes back); moved, the newer version is copied instead. A
+        failure with the pointer unmoved is the store's, and is raised."""
         if self.local:
             return self.get_dir(key, local)
         version = self._checkpoint_version(key)
         for _ in range(_CHECKPOINT_READS):
             if version is None:
                 return False
+            error: Exception | None = None
             try:
-                if self.get_dir(f"{key}/{version}", local):
-                    return True
-                error: Exception | None = None
+                copied = self.get_dir(f"{key}/{version}", local)
             except Exception as failed:  # any store's "gone" (FTP: error_perm 550)
-                error = failed
+                copied, error = False, failed
             moved = self._checkpoint_version(key)
             if moved == version:
                 if error is not None:
                     raise error
-                return False
+                return copied
             version = moved
         raise FailedPrecondition(
             f"checkpoint {key!r} was replaced {_CHECKPOINT_READS} times while being read"

@@ -93,6 +93,35 @@ def test_a_checkpoint_on_the_bucket_is_one_whole_version_named_by_its_pointer(
     assert names == sorted(["LATEST", pointer]), "older versions are removed"
 
 
+def test_a_checkpoint_replaced_while_it_is_read_is_read_whole(
+    object_store: LocalObjectStore,
+    unique: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reader's copy that a writer's next checkpoint overtakes (the old
+    version removed file by file under it) is not taken for a checkpoint:
+    the pointer has moved, and the newer version is read instead."""
+    store = ArtifactStore(object_store.url(f"{unique}/artifacts"), object_store.settings)
+    store.put_checkpoint(_tree(tmp_path / "old", seed=1), "checkpoints/trial")
+    copy = store.get_dir
+    overtaken: list[str] = []
+
+    def overtaken_once(key: str, local: Path) -> bool:
+        found = copy(key, local)
+        if not overtaken:
+            overtaken.append(key)
+            # What the copy found of a version being removed: part of it.
+            next(local.rglob("*.bin")).unlink()
+            store.put_checkpoint(_tree(tmp_path / "new", seed=2), "checkpoints/trial")
+        return found
+
+    monkeypatch.setattr(store, "get_dir", overtaken_once)
+    read = tmp_path / "read"
+    assert store.get_checkpoint("checkpoints/trial", read)
+    assert overtaken and digest(read) == digest(tmp_path / "new")
+
+
 def test_an_outage_mid_upload_is_ridden_out_and_the_checkpoint_lands_whole(
     tmp_path: Path, unique: str
 ) -> None:

@@ -268,8 +268,10 @@ class _Recorded(ProgressListener):
         self.progress: list[Any] = []
 
     def onQueryProgress(self, event: Any) -> None:
-        self.progress.append(event.progress)
+        # Recorded once the metrics count it: a test that sees the report
+        # reads its counts.
         super().onQueryProgress(event)
+        self.progress.append(event.progress)
 
 
 def test_progress_reports_reach_the_listener_as_json_and_size_the_next_batch(
@@ -305,6 +307,11 @@ def test_progress_reports_reach_the_listener_as_json_and_size_the_next_batch(
         deadline = time.monotonic() + 60
         while not any(mode == INTERPRETED and rows for _, mode, rows in modes):
             assert time.monotonic() < deadline, f"no small batch ran interpreted: {modes}"
+            time.sleep(0.2)
+        # Its report reaches the listener after the batch, on Spark's bus.
+        interpreted = next(b for b, mode, rows in modes if mode == INTERPRETED and rows)
+        while not any(p.batchId >= interpreted for p in listener.progress if p.name == name):
+            assert time.monotonic() < deadline, f"batch {interpreted} was never reported"
             time.sleep(0.2)
     finally:
         query.stop()
