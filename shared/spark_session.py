@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shared.errors import FailedPrecondition
 from shared.object_store import hadoop_options
@@ -38,8 +39,10 @@ def session(
     from ``shared.spark_daemon``; with ``object_store``,
     ``s3a://`` on that store and its committers (the S3A connector must be
     among ``jars``), under ``spark.conf``, which wins. The driver's JVM runs
-    in ``work_dir``. Raises FailedPrecondition when this process already runs
-    a session on another master."""
+    in ``work_dir``, launched for this session's jars and driver settings
+    (``DRIVER_LAUNCH_SETTINGS``) where an earlier session of the process
+    launched it with others. Raises FailedPrecondition when this process
+    already runs a session on another master or with other such settings."""
     from pyspark.sql import SparkSession
 
     if spark.is_local():
@@ -65,6 +68,15 @@ def session(
     conf = {**(hadoop_options(object_store) if object_store else {}), **spark.conf}
     for key, value in conf.items():
         builder = builder.config(key, value)
+    launch = _launch_settings(
+        {
+            "spark.driver.memory": spark.driver_memory,
+            "spark.jars": ",".join(str(jar) for jar in jars),
+            **conf,
+        }
+    )
+    _leave_a_driver_jvm_launched_otherwise(launch)
+    launching = _no_driver_jvm()
     # py4j logs every connection at INFO, down to interpreter exit.
     logging.getLogger("py4j").setLevel(logging.WARNING)
     # Spark 4.0.0 writes artifacts/ into its working directory (SPARK-52396,
@@ -80,8 +92,88 @@ def session(
             f"AISTACK_SPARK_MASTER is {spark.master}, but this process already runs "
             f"a Spark session on {running}"
         )
+    if launching:
+        _note_launch(launch)
     started.sparkContext.setLogLevel("WARN")
     return started
+
+
+#: What the driver's JVM takes only when it is launched (its class path, its
+#: options, its heap): a session started later on the same JVM, in the same
+#: process, runs without them.
+DRIVER_LAUNCH_SETTINGS = (
+    "spark.jars",
+    "spark.driver.extraClassPath",
+    "spark.driver.extraJavaOptions",
+    "spark.driver.extraLibraryPath",
+    "spark.driver.memory",
+)
+# The driver JVM this module launched last (its gateway) and its settings.
+_launched: tuple[Any, dict[str, str]] | None = None
+
+
+def _launch_settings(conf: dict[str, str]) -> dict[str, str]:
+    return {key: conf[key] for key in DRIVER_LAUNCH_SETTINGS if conf.get(key)}
+
+
+def _leave_a_driver_jvm_launched_otherwise(launch: dict[str, str]) -> None:
+    """pyspark keeps its driver JVM for the life of the process, past the
+    session that launched it, and starts the next session on it: that
+    session's jars would be missing (``Can not load class``) and its driver
+    options ignored. With no session running, a JVM launched with other
+    settings is shut down here, and the next session launches its own; with
+    one running on other settings, FailedPrecondition."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None or _launched is None or _launched[0] is not gateway:
+        return  # none yet, or not launched here: nothing known to differ
+    was = _launched[1]
+    differ = sorted(key for key in {*was, *launch} if was.get(key) != launch.get(key))
+    if not differ:
+        return
+    if SparkContext._active_spark_context is not None:
+        raise FailedPrecondition(
+            "this process already runs a Spark session whose driver was launched with "
+            f"other {', '.join(differ)}: stop it first"
+        )
+    _shut_down_driver_jvm()
+
+
+def _no_driver_jvm() -> bool:
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is None
+
+
+def _shut_down_driver_jvm() -> None:
+    from pyspark import SparkContext
+
+    global _launched
+    _launched = None
+    gateway = SparkContext._gateway
+    assert gateway is not None
+    with SparkContext._lock:
+        gateway.shutdown()
+        process = getattr(gateway, "proc", None)
+        if process is not None:
+            # Spark's gateway server exits when its stdin closes.
+            if process.stdin is not None:
+                process.stdin.close()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+
+
+def _note_launch(launch: dict[str, str]) -> None:
+    from pyspark import SparkContext
+
+    global _launched
+    _launched = (SparkContext._gateway, launch)
 
 
 #: The Spark setting naming the Python the executors run.

@@ -357,7 +357,7 @@ class Worker:
             and (quiet := executor.quiet_for()) > self._settings.executor_stall_seconds
         ):
             self._executors.discard(executor)
-            running.outcome = _stalled(running, quiet)
+            running.outcome = _stalled(running, self._settings.executor_stall_seconds)
             log.error("trial.executor_stalled", trial_id=running.request.trial_id, quiet_s=quiet)
             self._done(consumer, running, stopping)
         elif running.outcome is None and (held := self._over_memory(executor)):
@@ -523,22 +523,24 @@ class Worker:
         log.info("trial.handed_back", trial_id=running.request.trial_id, step=running.last_step)
 
 
-def _stalled(running: Running, quiet: float) -> Failed:
-    """How a run that stopped checking in fails: a user's loop that stopped
-    reporting is its code's fault; a built-in run that hangs (a collective
-    whose peer is gone) the machine's."""
+def _stalled(running: Running, limit: float) -> Failed:
+    """How a run that stopped checking in for over ``limit`` seconds fails: a
+    user's loop that stopped reporting is its code's fault; a built-in run
+    that hangs (a collective whose peer is gone) the machine's. The message
+    names the limit, not the silence measured: that depends on when the
+    worker's loop looked, later on a busy machine (the log has it)."""
     pid = running.executor.pid
     if running.job.spec.entrypoint:
         return Failed(
             "loop_silent",
-            f"the training loop neither reported nor asked should_stop() for {quiet:.0f} s "
+            f"the training loop neither reported nor asked should_stop() for {limit:g} s "
             "(AISTACK_TRAINER_EXECUTOR_STALL_SECONDS) and was killed: report, or ask "
             "ctx.should_stop(), more often",
             retryable=False,
         )
     return Failed(
         "executor_stalled",
-        f"the trial's executor (pid {pid}) made no progress for {quiet:.0f} s "
+        f"the trial's executor (pid {pid}) made no progress for {limit:g} s "
         "(a hung collective or a deadlock?) and was killed",
         retryable=True,
     )

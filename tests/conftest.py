@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -33,6 +34,22 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalObje
     store.start()
     yield store
     store.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_spark_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A module that leaves a SparkContext running fails here, and the
+    context is stopped: a process has one, and a later module's session
+    would join it, or be refused where it asks for other jars."""
+    yield
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark import SparkContext
+
+    running = SparkContext._active_spark_context
+    if running is not None:
+        running.stop()
+        pytest.fail(f"{request.module.__name__} left a SparkContext running")
 
 
 @pytest.fixture
