@@ -45,6 +45,7 @@ def session(
     already runs a session on another master or with other such settings."""
     from pyspark.sql import SparkSession
 
+    global _launched
     if spark.is_local():
         export_local_spark_environment()
     executor_python = spark.conf.get(EXECUTOR_PYTHON_CONF)
@@ -63,20 +64,16 @@ def session(
         # path between tasks (shared.spark_daemon).
         .config(PYTHON_DAEMON_CONF, PYTHON_DAEMON_MODULE)
     )
-    if jars:
-        builder = builder.config("spark.jars", ",".join(str(jar) for jar in jars))
+    jar_list = ",".join(str(jar) for jar in jars)
+    if jar_list:
+        builder = builder.config("spark.jars", jar_list)
     conf = {**(hadoop_options(object_store) if object_store else {}), **spark.conf}
     for key, value in conf.items():
         builder = builder.config(key, value)
     launch = _launch_settings(
-        {
-            "spark.driver.memory": spark.driver_memory,
-            "spark.jars": ",".join(str(jar) for jar in jars),
-            **conf,
-        }
+        {"spark.driver.memory": spark.driver_memory, "spark.jars": jar_list, **conf}
     )
-    _leave_a_driver_jvm_launched_otherwise(launch)
-    launching = _no_driver_jvm()
+    launching = _driver_jvm_for(launch)
     # py4j logs every connection at INFO, down to interpreter exit.
     logging.getLogger("py4j").setLevel(logging.WARNING)
     # Spark 4.0.0 writes artifacts/ into its working directory (SPARK-52396,
@@ -93,7 +90,7 @@ def session(
             f"a Spark session on {running}"
         )
     if launching:
-        _note_launch(launch)
+        _launched = (started.sparkContext._gateway, launch)
     started.sparkContext.setLogLevel("WARN")
     return started
 
@@ -116,34 +113,33 @@ def _launch_settings(conf: dict[str, str]) -> dict[str, str]:
     return {key: conf[key] for key in DRIVER_LAUNCH_SETTINGS if conf.get(key)}
 
 
-def _leave_a_driver_jvm_launched_otherwise(launch: dict[str, str]) -> None:
-    """pyspark keeps its driver JVM for the life of the process, past the
+def _driver_jvm_for(launch: dict[str, str]) -> bool:
+    """Whether the session about to start launches the driver's JVM.
+
+    pyspark keeps its driver JVM for the life of the process, past the
     session that launched it, and starts the next session on it: that
     session's jars would be missing (``Can not load class``) and its driver
-    options ignored. With no session running, a JVM launched with other
-    settings is shut down here, and the next session launches its own; with
-    one running on other settings, FailedPrecondition."""
+    options ignored. With no session running, a JVM this module launched with
+    other settings is shut down here, and the next session launches its own;
+    with one running on other settings, FailedPrecondition."""
     from pyspark import SparkContext
 
     gateway = SparkContext._gateway
-    if gateway is None or _launched is None or _launched[0] is not gateway:
-        return  # none yet, or not launched here: nothing known to differ
+    if gateway is None:
+        return True
+    if _launched is None or _launched[0] is not gateway:
+        return False  # not launched here: nothing known to differ
     was = _launched[1]
     differ = sorted(key for key in {*was, *launch} if was.get(key) != launch.get(key))
     if not differ:
-        return
+        return False
     if SparkContext._active_spark_context is not None:
         raise FailedPrecondition(
             "this process already runs a Spark session whose driver was launched with "
             f"other {', '.join(differ)}: stop it first"
         )
     _shut_down_driver_jvm()
-
-
-def _no_driver_jvm() -> bool:
-    from pyspark import SparkContext
-
-    return SparkContext._gateway is None
+    return True
 
 
 def _shut_down_driver_jvm() -> None:
@@ -167,13 +163,6 @@ def _shut_down_driver_jvm() -> None:
                 process.wait()
         SparkContext._gateway = None
         SparkContext._jvm = None
-
-
-def _note_launch(launch: dict[str, str]) -> None:
-    from pyspark import SparkContext
-
-    global _launched
-    _launched = (SparkContext._gateway, launch)
 
 
 #: The Spark setting naming the Python the executors run.
