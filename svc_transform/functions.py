@@ -2,8 +2,9 @@
 
 Spark's own ``from_protobuf``/``to_protobuf`` live in the spark-protobuf
 module, which Maven Central does not serve for Spark 4 here; these do the
-same natively (Java, in the executors, from the contracts' descriptor set;
-no Python per row). Sources: ``svc_transform/jvm``; built and cached by
+same natively (Java, in the executors, with the classes protoc generates
+from the contracts' descriptor set; no Python per row). Sources:
+``svc_transform/jvm``; built and cached by
 ``svc_transform.jars.ensure_functions_jar``.
 """
 

@@ -1,7 +1,8 @@
 """The jars svc_transform's Spark session loads: Spark's Kafka connector and
-protobuf-java (fetched from Maven Central once), Hadoop's S3A connector with
-Spark's cloud committers (``shared.hadoop_s3a``), svc_transform's own JVM
-functions (``jvm/``, compiled once) and the classes its driver needs on the
+protobuf-java (fetched from Maven Central once, with protoc), Hadoop's S3A
+connector with Spark's cloud committers (``shared.hadoop_s3a``), svc_transform's
+own JVM functions (``jvm/`` with the contracts' Java classes protoc generates,
+compiled once) and the classes its driver needs on the
 class path it starts with (``jvm_driver/``: Hadoop's local filesystem without
 a process per file, ``local_filesystem_conf``), all in the cache directory.
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -43,6 +46,16 @@ POM = JVM_SOURCES / "pom.xml"
 DESCRIPTOR_SET = (
     Path(__file__).resolve().parent.parent / "shared" / "contracts" / "aistack_v1.binpb"
 )
+#: The contracts' files (in ``DESCRIPTOR_SET``) whose Java classes the
+#: functions use, with the one they import.
+CONTRACT_FILES = ("aistack/v1/common.proto", "aistack/v1/events.proto", "aistack/v1/features.proto")
+#: protoc's builds on Maven Central, by ``platform.system()`` and ``machine()``.
+PROTOC_CLASSIFIERS = {
+    ("Linux", "x86_64"): "linux-x86_64",
+    ("Linux", "aarch64"): "linux-aarch_64",
+    ("Darwin", "x86_64"): "osx-x86_64",
+    ("Darwin", "arm64"): "osx-aarch_64",
+}
 
 
 @dataclass(frozen=True)
@@ -101,19 +114,58 @@ def connectors_home(cache_dir: Path) -> Path:
     return cache_dir / f"spark-connectors_{SCALA_BINARY_VERSION}-{SPARK_VERSION}"
 
 
+def protoc_classifier() -> str:
+    """The name of this machine's protoc build on Maven Central."""
+    system, machine = platform.system(), platform.machine()
+    try:
+        return PROTOC_CLASSIFIERS[system, machine]
+    except KeyError:
+        raise ConfigError(
+            f"no protoc build on Maven Central for {system} {machine}: svc_transform's "
+            "functions are built on Linux or macOS, x86-64 or ARM64"
+        ) from None
+
+
 def is_fetched(cache_dir: Path) -> bool:
-    return maven.is_fetched(connectors_home(cache_dir), POM)
+    return maven.is_fetched(connectors_home(cache_dir), POM, _connector_properties())
 
 
-def ensure_connector_jars(cache_dir: Path) -> list[Path]:
-    """The connector jars, fetched first when missing."""
+def _connector_properties() -> dict[str, str]:
+    return {"protoc.classifier": protoc_classifier()}
+
+
+def _connectors_libs(cache_dir: Path) -> Path:
     home = maven.fetch_runtime(
         POM,
         connectors_home(cache_dir),
         expect="spark-sql-kafka-0-10_*.jar",
         what=f"Spark {SPARK_VERSION} Kafka and protobuf connectors",
+        properties=_connector_properties(),
     )
-    return sorted((home / "libs").glob("*.jar"))
+    return home / "libs"
+
+
+def ensure_connector_jars(cache_dir: Path) -> list[Path]:
+    """The connector jars, fetched first when missing."""
+    return sorted(_connectors_libs(cache_dir).glob("*.jar"))
+
+
+def ensure_protoc(cache_dir: Path) -> Path:
+    """protoc of the connectors' protobuf-java version, fetched with them."""
+    libs = _connectors_libs(cache_dir)
+    found = sorted(libs.glob("protoc-*.exe"))
+    if not found:
+        raise ConfigError(f"no protoc in {libs}: delete it to fetch again")
+    found[0].chmod(0o755)  # Maven copies it as a file, not a program
+    return found[0]
+
+
+def protobuf_version() -> str:
+    """protobuf-java's and protoc's version, as the pom pins it."""
+    found = re.search(r"<protobuf\.version>([^<]+)</protobuf\.version>", POM.read_text())
+    if found is None:
+        raise ConfigError(f"{POM} pins no protobuf.version")
+    return found.group(1)
 
 
 def pyspark_installed() -> bool:
@@ -128,22 +180,34 @@ def pyspark_jars() -> Path:
 
 
 def functions_digest() -> str:
-    """Names the functions jar: it changes with Spark's version, any JVM
-    source or the contracts' descriptor set, and nothing else."""
+    """Names the functions jar: it changes with Spark's version, protobuf's,
+    any JVM source or the contracts' descriptor set, and nothing else."""
     if not DESCRIPTOR_SET.is_file():
         raise ConfigError(f"{DESCRIPTOR_SET} is missing: make proto")
-    return _sources_digest(JVM_SOURCES, DESCRIPTOR_SET)
+    return _sources_digest(JVM_SOURCES, DESCRIPTOR_SET, pins=f"protobuf {protobuf_version()}")
 
 
 def ensure_functions_jar(cache_dir: Path) -> Path:
-    """Compile the JVM functions with the contracts' descriptor set into a jar
-    in the cache, against pyspark's own jars (no Spark artifacts to download);
-    rebuilt when a source or the contracts change."""
+    """Compile the JVM functions with the Java classes protoc generates from
+    the contracts' descriptor set into a jar in the cache, against pyspark's
+    own jars (no Spark artifacts to download); rebuilt when a source, protobuf
+    or the contracts change."""
     jar = cache_dir / "aistack-spark-functions" / f"functions-{functions_digest()}.jar"
     if jar.is_file():
         return jar
     protobuf = [p for p in ensure_connector_jars(cache_dir) if p.name.startswith("protobuf-java")]
-    _compile_jar(jar, JVM_SOURCES, protobuf, [DESCRIPTOR_SET], "svc_transform's functions")
+    with tempfile.TemporaryDirectory() as generated:
+        _run(
+            [
+                str(ensure_protoc(cache_dir)),
+                f"--descriptor_set_in={DESCRIPTOR_SET}",
+                f"--java_out={generated}",
+                *CONTRACT_FILES,
+            ],
+            "generate the contracts' Java classes",
+        )
+        sources = [*_java_sources(JVM_SOURCES), *_java_sources(Path(generated))]
+        _compile_jar(jar, sources, protobuf, "svc_transform's functions")
     return jar
 
 
@@ -158,7 +222,7 @@ def ensure_driver_jar(cache_dir: Path) -> Path:
     rebuilt when a source changes."""
     jar = driver_jar_path(cache_dir)
     if not jar.is_file():
-        _compile_jar(jar, DRIVER_SOURCES, [], [], "svc_transform's driver classes")
+        _compile_jar(jar, _java_sources(DRIVER_SOURCES), [], "svc_transform's driver classes")
     return jar
 
 
@@ -186,24 +250,25 @@ def local_filesystem_conf(
     return found
 
 
-def _sources_digest(root: Path, *extra: Path) -> str:
-    """Spark's version, every Java source under ``root`` and ``extra``."""
-    digest = hashlib.sha256(SPARK_VERSION.encode())
-    for path in [*sorted(root.rglob("*.java")), *extra]:
+def _java_sources(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.java"))
+
+
+def _sources_digest(root: Path, *extra: Path, pins: str = "") -> str:
+    """Spark's version, ``pins``, every Java source under ``root`` and ``extra``."""
+    digest = hashlib.sha256(f"{SPARK_VERSION}{pins}".encode())
+    for path in [*_java_sources(root), *extra]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
-def _compile_jar(
-    jar: Path, sources_root: Path, class_path: list[Path], resources: list[Path], what: str
-) -> None:
-    """``jar`` from the Java sources under ``sources_root``, compiled against
-    pyspark's jars and ``class_path``, with ``resources`` at its root."""
+def _compile_jar(jar: Path, sources: list[Path], class_path: list[Path], what: str) -> None:
+    """``jar`` from the Java ``sources``, compiled against pyspark's jars and
+    ``class_path``."""
     javac, jar_tool = shutil.which("javac"), shutil.which("jar")
     if javac is None or jar_tool is None:
         raise ConfigError(f"a JDK (javac, jar) is needed to build {what}")
-    sources = sorted(sources_root.rglob("*.java"))
     jar.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=jar.parent) as tmp:
         classes = Path(tmp) / "classes"
@@ -223,8 +288,6 @@ def _compile_jar(
             ],
             f"compile {what}",
         )
-        for resource in resources:
-            shutil.copy(resource, classes / resource.name)
         built = Path(tmp) / jar.name
         _run([jar_tool, "cf", str(built), "-C", str(classes), "."], f"package {what}")
         prefix = jar.name.split("-", 1)[0]

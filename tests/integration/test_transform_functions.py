@@ -110,6 +110,44 @@ def test_clean_event_error_agrees_with_the_decoder(spark: Any) -> None:
     assert rows[2].error.startswith("not an aistack.v1.CleanEvent")
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes([*out, n])
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """One length-delimited field in protobuf's wire format."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def test_what_the_wire_format_forbids_is_dead_lettered_wherever_it_hides(spark: Any) -> None:
+    # Each appended field merges into the event: only it is wrong, and some
+    # lie in fields the windows never read.
+    broken = [
+        _sensor_event() + _field(2, b"\xff\xfe"),  # entity_id not UTF-8
+        _sensor_event() + _field(10, _field(2, _field(1, b"\xc3\x28"))),  # a metric's name
+        _sensor_event() + _field(5, _field(1, b"\xff") + _field(2, b"v")),  # an attribute's key
+        _web_event() + _field(11, _field(9, b"\xff")),  # the request's user agent
+        _sensor_event() + _field(4, b"\x08"),  # ingest_time cut inside a field
+    ]
+    # A field this version does not know is a later version's, not an error.
+    newer = _sensor_event() + _field(99, b"from a later contract")
+    frame = spark.createDataFrame([(v,) for v in [*broken, newer]], ["value"])
+
+    rows = frame.selectExpr(
+        f"{CLEAN_EVENT_ERROR}(value) AS error", f"{DECODE_CLEAN_EVENT}(value) AS e"
+    ).collect()
+
+    for row in rows[:-1]:
+        assert row.error is not None and row.error.startswith("not an aistack.v1.CleanEvent")
+        assert row.e.error == row.error and row.e.entity_id is None
+    assert rows[-1].error is None and rows[-1].e.error is None
+    assert rows[-1].e.entity_id == "thermo-7" and len(rows[-1].e.measurements) == 2
+
+
 def test_feature_windows_encode_in_the_jvm(spark: Any) -> None:
     encoded = spark.sql(
         f"""SELECT {ENCODE_FEATURE_WINDOW}(named_struct(

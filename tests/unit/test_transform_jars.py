@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from shared import spark_session
+from shared.errors import ConfigError
 from svc_transform import jars
 
 
@@ -24,19 +25,36 @@ def test_the_functions_jar_is_named_after_its_sources(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sources = _java_tree(tmp_path / "jvm", "A")
-    (sources / "pom.xml").write_text("<project/>")
+    pom = sources / "pom.xml"
+    pinned = "<properties><protobuf.version>4.36.2</protobuf.version></properties>"
+    pom.write_text(f"<project>{pinned}</project>")
     descriptors = tmp_path / "aistack_v1.binpb"
     descriptors.write_bytes(b"\x0a\x00")
     monkeypatch.setattr(jars, "JVM_SOURCES", sources)
+    monkeypatch.setattr(jars, "POM", pom)
     monkeypatch.setattr(jars, "DESCRIPTOR_SET", descriptors)
     first = jars.functions_digest()
-    (sources / "pom.xml").write_text("<project><!-- connectors only --></project>")
-    assert jars.functions_digest() == first  # the pom is not compiled in
+    pom.write_text(f"<project><!-- connectors only -->{pinned}</project>")
+    assert jars.functions_digest() == first  # the rest of the pom is not compiled in
     (sources / "dev" / "A.java").write_text("class A { int x; }")
     assert jars.functions_digest() != first
     changed = jars.functions_digest()
     descriptors.write_bytes(b"\x0a\x01")
     assert jars.functions_digest() != changed
+    changed = jars.functions_digest()
+    pom.write_text(f"<project>{pinned.replace('4.36.2', '4.37.0')}</project>")
+    assert jars.functions_digest() != changed  # protoc's classes and their runtime
+
+
+def test_protoc_is_named_for_the_machine_or_the_machine_is_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(jars.platform, "system", lambda: "Linux")
+    monkeypatch.setattr(jars.platform, "machine", lambda: "aarch64")
+    assert jars.protoc_classifier() == "linux-aarch_64"
+    monkeypatch.setattr(jars.platform, "machine", lambda: "riscv64")
+    with pytest.raises(ConfigError, match="no protoc build on Maven Central for Linux riscv64"):
+        jars.protoc_classifier()
 
 
 def test_the_build_leaves_the_functions_out_without_pyspark(
