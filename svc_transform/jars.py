@@ -155,7 +155,7 @@ def ensure_protoc(cache_dir: Path) -> Path:
     libs = _connectors_libs(cache_dir)
     found = sorted(libs.glob("protoc-*.exe"))
     if not found:
-        raise ConfigError(f"no protoc in {libs}: delete it to fetch again")
+        raise ConfigError(f"no protoc in {libs}: delete {libs.parent} to fetch it again")
     found[0].chmod(0o755)  # Maven copies it as a file, not a program
     return found[0]
 
