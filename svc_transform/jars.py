@@ -150,9 +150,8 @@ def ensure_connector_jars(cache_dir: Path) -> list[Path]:
     return sorted(_connectors_libs(cache_dir).glob("*.jar"))
 
 
-def ensure_protoc(cache_dir: Path) -> Path:
+def _protoc(libs: Path) -> Path:
     """protoc of the connectors' protobuf-java version, fetched with them."""
-    libs = _connectors_libs(cache_dir)
     found = sorted(libs.glob("protoc-*.exe"))
     if not found:
         raise ConfigError(f"no protoc in {libs}: delete {libs.parent} to fetch it again")
@@ -195,11 +194,11 @@ def ensure_functions_jar(cache_dir: Path) -> Path:
     jar = cache_dir / "aistack-spark-functions" / f"functions-{functions_digest()}.jar"
     if jar.is_file():
         return jar
-    protobuf = [p for p in ensure_connector_jars(cache_dir) if p.name.startswith("protobuf-java")]
+    libs = _connectors_libs(cache_dir)
     with tempfile.TemporaryDirectory() as generated:
         _run(
             [
-                str(ensure_protoc(cache_dir)),
+                str(_protoc(libs)),
                 f"--descriptor_set_in={DESCRIPTOR_SET}",
                 f"--java_out={generated}",
                 *CONTRACT_FILES,
@@ -207,6 +206,7 @@ def ensure_functions_jar(cache_dir: Path) -> Path:
             "generate the contracts' Java classes",
         )
         sources = [*_java_sources(JVM_SOURCES), *_java_sources(Path(generated))]
+        protobuf = sorted(libs.glob("protobuf-java-*.jar"))
         _compile_jar(jar, sources, protobuf, "svc_transform's functions")
     return jar
 
