@@ -23,6 +23,7 @@ from pathlib import Path
 
 from shared.artifacts import ArtifactStore
 from shared.log import get_logger
+from svc_trainer.plan import PARTIAL_SUFFIX
 
 log = get_logger("svc_trainer")
 
@@ -81,7 +82,11 @@ class Uploads:
     ``submit`` takes a snapshot of the directory at once (hard links: a
     runner replaces checkpoint files, never rewrites them in place; a
     TensorBoard writer appends, and its reader skips a last record cut
-    short) and returns; the newest snapshot per key is uploaded."""
+    short) and returns; the newest snapshot per key is uploaded. The runner
+    goes on writing while the snapshot is taken: a file half written
+    (``*.partial``) is left out, and one replaced or removed between the
+    listing and the link is skipped (the next epoch's snapshot has its
+    successor)."""
 
     def __init__(
         self,
@@ -106,7 +111,10 @@ class Uploads:
             snapshot = self._scratch / f"{self._count}"
         shutil.rmtree(snapshot, ignore_errors=True)
         snapshot.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(directory, snapshot, copy_function=_link_or_copy)
+        if not _snapshot(directory, snapshot):
+            # Nothing whole to send: the store keeps the last checkpoint.
+            shutil.rmtree(snapshot, ignore_errors=True)
+            return
         with self._lock:
             stale = self._pending.pop(key, None)
             self._pending[key] = snapshot
@@ -151,8 +159,32 @@ class Uploads:
                     self._lock.notify_all()
 
 
+def _snapshot(source: Path, target: Path) -> int:
+    """Hard-link the tree at ``source`` into ``target``; the files linked."""
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        entries = list(os.scandir(source))
+    except FileNotFoundError:  # removed since its parent was listed
+        return 0
+    linked = 0
+    for entry in entries:
+        if entry.name.endswith(PARTIAL_SUFFIX):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                linked += _snapshot(Path(entry.path), target / entry.name)
+            else:
+                _link_or_copy(entry.path, str(target / entry.name))
+                linked += 1
+        except FileNotFoundError:  # replaced or removed since the listing
+            continue
+    return linked
+
+
 def _link_or_copy(source: str, target: str) -> None:
     try:
         os.link(source, target)
+    except FileNotFoundError:
+        raise
     except OSError:
         shutil.copy2(source, target)

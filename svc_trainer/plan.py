@@ -30,6 +30,10 @@ from shared.settings import SparkSettings
 
 ParamScalar = float | int | str | bool
 
+#: A checkpoint file a runner is still writing ends in this; it is renamed
+#: into place once whole, and the worker's uploads leave it out.
+PARTIAL_SUFFIX = ".partial"
+
 
 class TrialError(AistackError):
     """The trial cannot be trained as asked (unknown dataset, model, strategy

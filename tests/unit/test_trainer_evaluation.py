@@ -4,6 +4,8 @@ and the trainer's background work. No broker, no framework."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 import time
 from collections.abc import Mapping
@@ -296,6 +298,43 @@ def test_checkpoint_uploads_do_not_block_and_the_newest_snapshot_wins(tmp_path: 
     # The first upload was under way; the later snapshots collapsed into the newest.
     assert puts[-1] == ("checkpoints/s/0", "4")
     assert len(puts) < 4
+    assert not list((tmp_path / "scratch").iterdir())
+
+
+def test_a_snapshot_taken_while_the_runner_writes_skips_what_moves_under_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The runner's next epoch goes on while the last epoch's snapshot is
+    # taken: its checkpoint half written, and (a user's loop) a scratch
+    # directory and a file that are renamed away after the listing.
+    checkpoint = tmp_path / "checkpoint"
+    (checkpoint / "ckpt_temp").mkdir(parents=True)
+    (checkpoint / "ckpt_temp" / "shard").write_text("half")
+    (checkpoint / "torch-checkpoint.partial").write_text("half")
+    (checkpoint / "gone").write_text("old")
+    (checkpoint / "torch-checkpoint").write_text("epoch 3")
+    real_link = os.link
+
+    def racing_link(source: str, target: str) -> None:
+        (checkpoint / "gone").unlink(missing_ok=True)
+        shutil.rmtree(checkpoint / "ckpt_temp", ignore_errors=True)
+        real_link(source, target)
+
+    monkeypatch.setattr("svc_trainer.background.os.link", racing_link)
+    puts: list[set[str]] = []
+
+    class Store(ArtifactStore):
+        def put_dir(self, local: Path, key: str) -> str:
+            puts.append({str(p.relative_to(local)) for p in local.rglob("*") if p.is_file()})
+            return key
+
+    uploads = Uploads(Store(str(tmp_path / "store")), tmp_path / "scratch")
+    uploads.submit(checkpoint, "checkpoints/s/0")
+    # A runner that has written nothing whole yet: the store keeps what it has.
+    uploads.submit(tmp_path / "not-yet", "checkpoints/s/1")
+    assert uploads.drain(10)
+    uploads.close()
+    assert puts == [{"torch-checkpoint"}]
     assert not list((tmp_path / "scratch").iterdir())
 
 

@@ -23,6 +23,7 @@ from shared.log import get_logger
 from svc_trainer.backends.torch import models as torch_models
 from svc_trainer.backends.torch.devices import autocast_for, data_placement, free_memory
 from svc_trainer.plan import (
+    PARTIAL_SUFFIX,
     TASK_CLASSIFICATION,
     Channel,
     DataSplits,
@@ -215,7 +216,7 @@ class Loop:
 
     def _save(self, epoch: int, metrics: Mapping[str, float]) -> None:
         self.checkpoint.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.checkpoint.with_suffix(".partial")
+        partial = self.checkpoint.with_suffix(PARTIAL_SUFFIX)
         torch.save(
             {
                 "epoch": epoch,

@@ -1,0 +1,55 @@
+"""Free ports are picked where no connection's local port can take them."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from shared import ports
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_ports_are_distinct_free_and_below_the_ephemeral_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    span = tmp_path / "ip_local_port_range"
+    span.write_text("32768\t60999\n")
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE_FILE", span)
+    picked = ports.free_ports(20)
+    assert len(set(picked)) == 20
+    assert all(ports.LOWEST <= port < 32768 for port in picked), picked
+    assert all(_bindable(port) for port in picked)
+
+
+def test_a_port_taken_is_not_picked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        # A range with room for one port below it, and that one is taken.
+        span = tmp_path / "ip_local_port_range"
+        span.write_text(f"{taken + 1} 65000")
+        monkeypatch.setattr(ports, "LOWEST", taken)
+        monkeypatch.setattr(ports, "EPHEMERAL_RANGE_FILE", span)
+        (port,) = ports.free_ports(1)
+    # The kernel's choice instead: the only port below the range was taken.
+    assert port != taken
+
+
+def test_without_the_kernels_range_the_kernel_picks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE_FILE", tmp_path / "absent")
+    assert ports.ephemeral_range() is None
+    picked = ports.free_ports(3)
+    assert len(set(picked)) == 3 and all(port > 0 for port in picked)
