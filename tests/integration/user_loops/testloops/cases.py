@@ -30,7 +30,11 @@ def train(ctx: aistack.TrialContext) -> None:
     elif case == "abort":
         os.abort()
     elif case == "allocate":
+        # A loop that checks in while it hoards: never silent, so the memory
+        # limit ends it however slowly the machine hands out pages (400 MB
+        # took 1.2 s on the 2-core build machine; the stall limit came first).
         hoard = []
         while True:
+            ctx.should_stop()
             hoard.append(np.ones(50_000_000))  # 400 MB a time, touched
             time.sleep(0.05)
