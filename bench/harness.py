@@ -114,7 +114,13 @@ def spawn(
 ) -> subprocess.Popen[bytes]:
     """``command`` from the repository root, its output into ``log``; with
     ``stdin`` a pipe the caller writes to, else nothing to read. Under
-    ``--profile`` py-spy samples it (``bench.profiling``)."""
+    ``--profile`` py-spy samples it and its Spark driver records itself
+    (``bench.profiling``)."""
+    profiler = profiling.active()
+    label = ""
+    if profiler is not None:
+        label = profiler.unique_label(profiling.label_of(command))
+        env = profiler.jvm_env(env, label)
     process = subprocess.Popen(
         list(command),
         cwd=ROOT,
@@ -124,9 +130,8 @@ def spawn(
         stderr=subprocess.STDOUT,
         start_new_session=new_session,
     )
-    profiler = profiling.active()
     if profiler is not None:
-        profiler.attach(process.pid, profiling.label_of(command))
+        profiler.attach(process.pid, label, unique=True)
     return process
 
 
@@ -205,10 +210,15 @@ def in_fresh_process(fn: Callable[..., T], *args: Any, timeout: float = 1800) ->
     context = mp.get_context("spawn")
     queue = context.Queue()
     process = context.Process(target=_put_result, args=(queue, fn, args))
-    process.start()
     profiler = profiling.active()
-    if profiler is not None and process.pid is not None:
-        profiler.attach(process.pid, fn.__name__.strip("_"))
+    if profiler is None:
+        process.start()
+    else:
+        label = profiler.unique_label(fn.__name__.strip("_"))
+        with profiler.jvm_environ(label):
+            process.start()
+        assert process.pid is not None
+        profiler.attach(process.pid, label, unique=True)
     result: T = queue.get(timeout=timeout)
     process.join()
     return result

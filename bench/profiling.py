@@ -14,22 +14,30 @@ and prints the first lines of each table, so a run's log holds the hot frames.
 
 py-spy reads Python stacks only: the JVM's share of a Spark job shows as the
 Python frame that waits for it (a profile of svc_transform's Python side is
-mostly ``py4j`` waiting). Only the standard library at module level, as in
-``bench.harness``.
+mostly ``py4j`` waiting). So the Spark driver of each such process (and of
+the benchmark's own) records itself too, with the JVM's flight recorder
+(``SPARK_SUBMIT_OPTS``, the options spark-submit gives the driver's JVM and
+no other: the job's own Spark settings stay as they are; local mode runs
+the tasks in the driver), into ``BENCH-LABEL.jfr.d/`` as it exits, and
+``BENCH-LABEL.jvm-top.txt`` ranks its Java frames and threads the same way
+(``jfr print``'s execution samples).
+Only the standard library at module level, as in ``bench.harness``.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +48,10 @@ TOP_WRITTEN = 25
 TOP_PRINTED = 8
 TOP_THREADS = 6
 STOP_WAIT_S = 60.0
+#: JVM options spark-submit gives the driver it starts (pyspark's too).
+DRIVER_OPTIONS_ENV = "SPARK_SUBMIT_OPTS"
+#: Frames ``jfr print`` gives per sample (the flight recorder keeps 64).
+JFR_STACK_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -129,9 +141,81 @@ def top_table(
     if threads:
         ran = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in threads)
         lines.append(f"threads: {ran}")
-    lines.append(f"{'self%':>6} {'total%':>7}  frame")
-    lines += [f"{s.self_share:>6.1%} {s.total_share:>7.1%}  {s.frame}" for s in shares]
-    return "\n".join(lines)
+    return "\n".join([*lines, *_share_rows(shares)])
+
+
+def _share_rows(shares: Sequence[FrameShare]) -> list[str]:
+    return [
+        f"{'self%':>6} {'total%':>7}  frame",
+        *(f"{s.self_share:>6.1%} {s.total_share:>7.1%}  {s.frame}" for s in shares),
+    ]
+
+
+_FLIGHT_OPTION = re.compile(r"-XX:StartFlightRecording=\S*")
+_JFR_THREAD = re.compile(r'^\s*sampledThread = "(.*)" \(javaThreadId')
+# A frame: "    pkg.Class.method(ArgType, ...) line: N" (native ones have no line).
+_JFR_FRAME = re.compile(r"^\s+([\w$.<>/]+)\([^)]*\)(?:\s+line:\s*[0-9]+)?\s*$")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def jvm_top_frames(
+    printed: Iterable[str], limit: int
+) -> tuple[int, list[FrameShare], list[tuple[str, float]]]:
+    """(samples, the ``limit`` Java methods that ran the most, the threads'
+    shares) from ``jfr print --events jdk.ExecutionSample``'s text, read a
+    line at a time (a long run prints hundreds of megabytes). Threads are
+    grouped by name with their numbers and ids left out (Spark's task
+    threads are one per task, "Executor task launch worker for task N.0 in
+    stage ...", a query's thread is named by its ids)."""
+    ran: Counter[str] = Counter()
+    on_stack: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    samples = 0
+    frames: list[str] | None = None
+    thread = ""
+    for line in printed:
+        if line.startswith("jdk.ExecutionSample"):
+            frames, thread = [], ""
+        elif frames is None:
+            continue
+        elif line.startswith("}"):
+            if frames:
+                samples += 1
+                ran[frames[0]] += 1
+                on_stack.update(set(frames))
+                threads[_DIGITS.sub("N", _UUID.sub("ID", thread))] += 1
+            frames = None
+        elif (frame := _JFR_FRAME.match(line)) is not None:
+            frames.append(frame.group(1))
+        elif (named := _JFR_THREAD.match(line)) is not None:
+            thread = named.group(1)
+    if samples == 0:
+        return 0, [], []
+    ranked = sorted(on_stack, key=lambda name: (-ran[name], -on_stack[name]))[:limit]
+    shares = [FrameShare(name, ran[name] / samples, on_stack[name] / samples) for name in ranked]
+    return samples, shares, [(name, count / samples) for name, count in threads.most_common()]
+
+
+def jvm_top_table(
+    title: str,
+    samples: int,
+    shares: Sequence[FrameShare],
+    threads: Sequence[tuple[str, float]] = (),
+) -> str:
+    lines = [f"{title}: {samples:,} execution samples (the flight recorder's, Java frames)"]
+    if threads:
+        lines.append("threads: " + ", ".join(f"{name} {share:.0%}" for name, share in threads))
+    return "\n".join([*lines, *_share_rows(shares)])
+
+
+def jfr_executable() -> str | None:
+    """The JDK's ``jfr`` beside the java Spark starts (``JAVA_HOME``), else on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    beside = Path(home) / "bin" / "jfr" if home else None
+    if beside is not None and beside.is_file():
+        return str(beside)
+    return shutil.which("jfr")
 
 
 @dataclass
@@ -157,11 +241,48 @@ class Profiler:
         self._out.mkdir(parents=True, exist_ok=True)
         self._samplers: list[_Sampler] = []
         self._labels: Counter[str] = Counter()
+        self._recordings: dict[str, Path] = {}
 
-    def attach(self, pid: int, label: str, *, subprocesses: bool = True) -> None:
+    def unique_label(self, label: str) -> str:
+        """``label``, numbered from its second use on (``svc_model-2``)."""
         self._labels[label] += 1
-        if self._labels[label] > 1:
-            label = f"{label}-{self._labels[label]}"
+        return label if self._labels[label] == 1 else f"{label}-{self._labels[label]}"
+
+    def jvm_env(self, env: Mapping[str, str], label: str) -> dict[str, str]:
+        """``env`` asking a Spark driver's JVM started with it to record itself
+        into ``BENCH-LABEL.jfr.d/`` (``label`` as ``unique_label`` gave it)."""
+        # A directory: each JVM writes a file of its own into it, named by
+        # its pid (a process the benchmark starts some other way, with this
+        # environment, adds its own file instead of overwriting one).
+        recordings = self._out / f"{self._bench}-{label}.jfr.d"
+        shutil.rmtree(recordings, ignore_errors=True)  # an earlier run's
+        recordings.mkdir(parents=True)
+        self._recordings[label] = recordings
+        # The recording a parent's environment asked for makes way for this one.
+        options = _FLIGHT_OPTION.sub("", env.get(DRIVER_OPTIONS_ENV, "")).strip()
+        flight = f"-XX:StartFlightRecording=filename={recordings},settings=profile,dumponexit=true"
+        return {**env, DRIVER_OPTIONS_ENV: f"{options} {flight}".strip()}
+
+    @contextlib.contextmanager
+    def jvm_environ(self, label: str) -> Iterator[None]:
+        """This process's environment as ``jvm_env`` makes it, while a child
+        is started that takes it (a spawned ``multiprocessing`` process)."""
+        was = os.environ.get(DRIVER_OPTIONS_ENV)
+        os.environ[DRIVER_OPTIONS_ENV] = self.jvm_env(os.environ, label)[DRIVER_OPTIONS_ENV]
+        try:
+            yield
+        finally:
+            if was is None:
+                os.environ.pop(DRIVER_OPTIONS_ENV, None)
+            else:
+                os.environ[DRIVER_OPTIONS_ENV] = was
+
+    def attach(
+        self, pid: int, label: str, *, subprocesses: bool = True, unique: bool = False
+    ) -> None:
+        """py-spy on ``pid``; ``unique``: ``label`` came from ``unique_label``."""
+        if not unique:
+            label = self.unique_label(label)
         flame = self._out / f"{self._bench}-{label}.speedscope.json"
         command = [
             self._py_spy, "record", "--pid", str(pid), "--rate", str(RATE_HZ),
@@ -199,6 +320,37 @@ class Profiler:
             print(top_table(title, samples, shares[:TOP_PRINTED], threads), flush=True)
             print(f"  flame graph: {sampler.flame}\n  top frames:  {table}", flush=True)
             written += [sampler.flame, table]
+        for label, recording in self._recordings.items():
+            written += self._jvm_table(label, recording)
+        return written
+
+    def _jvm_table(self, label: str, recordings: Path) -> list[Path]:
+        """A top table per recording its JVMs wrote into ``recordings`` (a
+        process that started no Spark session writes none, and says nothing)."""
+        found = sorted(recordings.glob("*.jfr"))
+        if not found:
+            shutil.rmtree(recordings, ignore_errors=True)
+            return []
+        jfr = jfr_executable()
+        if jfr is None:
+            print(f"profile {label}: no jfr (a JDK's) to read {recordings}", flush=True)
+            return found
+        written: list[Path] = []
+        for number, recording in enumerate(found, 1):
+            name = label if len(found) == 1 else f"{label}-jvm{number}"
+            command = [jfr, "print", "--events", "jdk.ExecutionSample"]
+            command += ["--stack-depth", str(JFR_STACK_DEPTH), str(recording)]
+            with subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            ) as printing:
+                assert printing.stdout is not None
+                samples, shares, threads = jvm_top_frames(printing.stdout, TOP_WRITTEN)
+            title = f"profile {self._bench} {name} (the JVM)"
+            table = self._out / f"{self._bench}-{name}.jvm-top.txt"
+            table.write_text(jvm_top_table(title, samples, shares, threads[:TOP_THREADS]) + "\n")
+            print(jvm_top_table(title, samples, shares[:TOP_PRINTED], threads[:3]), flush=True)
+            print(f"  flight recording: {recording}\n  top frames:  {table}", flush=True)
+            written += [recording, table]
         return written
 
 
@@ -225,7 +377,10 @@ class _ProfileFlag(argparse.Action):
         setattr(namespace, self.dest, True)
         if _active is None:
             _active = Profiler(self._bench)
-            _active.attach(os.getpid(), "bench", subprocesses=self._own_children)
+            label = _active.unique_label("bench")
+            # A Spark session the benchmark starts itself reads this.
+            os.environ[DRIVER_OPTIONS_ENV] = _active.jvm_env(os.environ, label)[DRIVER_OPTIONS_ENV]
+            _active.attach(os.getpid(), label, subprocesses=self._own_children, unique=True)
             atexit.register(_finish)
 
 
@@ -233,6 +388,12 @@ def _finish() -> None:
     global _active
     profiler, _active = _active, None
     if profiler is not None:
+        if "pyspark" in sys.modules:
+            # The benchmark's own driver JVM writes its recording as it exits,
+            # which pyspark leaves until after this process has.
+            from shared.spark_session import stop_driver_jvm
+
+            stop_driver_jvm()
         profiler.finish()
 
 

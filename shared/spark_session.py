@@ -142,6 +142,18 @@ def _driver_jvm_for(launch: dict[str, str]) -> bool:
     return True
 
 
+def stop_driver_jvm() -> None:
+    """Stop this process's Spark session, if one runs, and the driver's JVM,
+    if one was launched: pyspark keeps it until the process has exited, and
+    what the JVM does as it exits (a flight recording written) comes then."""
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()
+    if SparkContext._gateway is not None:
+        _shut_down_driver_jvm()
+
+
 def _shut_down_driver_jvm() -> None:
     from pyspark import SparkContext
 

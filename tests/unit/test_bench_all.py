@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -131,27 +133,145 @@ def test_py_spy_samples_a_spawned_process_into_a_flame_graph_and_a_top_table(
 
 
 def test_the_flag_starts_the_profiler_as_the_arguments_are_read(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     started: list[tuple[int, str, bool]] = []
 
     class Recording(profiling.Profiler):
         def __init__(self, bench: str) -> None:
-            self.bench = bench
+            super().__init__(bench, out_dir=tmp_path)
 
-        def attach(self, pid: int, label: str, *, subprocesses: bool = True) -> None:
+        def attach(
+            self, pid: int, label: str, *, subprocesses: bool = True, unique: bool = False
+        ) -> None:
             started.append((pid, label, subprocesses))
 
     monkeypatch.setattr(profiling, "Profiler", Recording)
     monkeypatch.setattr(atexit, "register", lambda fn: None)
     monkeypatch.setattr(profiling, "_active", None)
+    monkeypatch.setenv(profiling.DRIVER_OPTIONS_ENV, "-Xss4m")
     parser = argparse.ArgumentParser()
     profiling.add_flag(parser, "scoring", own_children=True)
     assert parser.parse_args([]).profile is False and profiling.active() is None
     assert parser.parse_args(["--profile"]).profile is True
     assert started and started[0][1:] == ("bench", True)
     assert profiling.active() is not None
+    # A Spark session the benchmark starts itself records its JVM.
+    options = os.environ[profiling.DRIVER_OPTIONS_ENV]
+    assert options.startswith("-Xss4m -XX:StartFlightRecording=")
+    assert f"filename={tmp_path / 'scoring-bench.jfr.d'}," in options
     assert profiling.label_of([sys.executable, "-m", "svc_ingest"]) == "svc_ingest"
     assert profiling.label_of([sys.executable, "-m", "bench.ingest_peers", "quix"]) == (
         "bench_ingest_peers"
     )
+
+
+PRINTED = """jdk.ExecutionSample {
+  startTime = 23:37:26.166
+  sampledThread = "Executor task launch worker for task 3.0 in stage 7.0 (TID 3)" (javaThreadId = 6)
+  state = "STATE_RUNNABLE"
+  stackTrace = [
+    org.apache.spark.unsafe.types.ByteArray.compareBinary(byte[], byte[]) line: 90
+    org.apache.spark.util.collection.TimSort.sort(Object, int, int, Comparator) line: 12
+    java.lang.Thread.run()
+  ]
+}
+
+jdk.ExecutionSample {
+  startTime = 23:37:26.176
+  sampledThread = "Executor task launch worker for task 4.0 in stage 7.0 (TID 2)" (javaThreadId = 8)
+  state = "STATE_RUNNABLE"
+  stackTrace = [
+    java.lang.Object.hashCode()
+    org.apache.spark.util.collection.TimSort.sort(Object, int, int, Comparator) line: 14
+    java.lang.Thread.run()
+  ]
+}
+
+jdk.ExecutionSample {
+  startTime = 23:37:26.186
+  sampledThread = "stream execution thread for windows [id = QUERY_ID]" (javaThreadId = 40)
+  state = "STATE_RUNNABLE"
+  stackTrace = [
+    java.lang.Object.hashCode()
+    java.lang.Thread.run()
+  ]
+}
+""".replace("QUERY_ID", "5c1f8a2e-93d0-4b7a-a1c2-0d9e8f7a6b5c")
+
+
+def test_the_jvms_samples_rank_its_methods_and_its_threads_by_name() -> None:
+    samples, shares, threads = profiling.jvm_top_frames(PRINTED.splitlines(keepends=True), 10)
+    assert samples == 3
+    by_frame = {share.frame: share for share in shares}
+    # A native frame (no line) that ran is counted where it ran.
+    assert by_frame["java.lang.Object.hashCode"].self_share == pytest.approx(2 / 3)
+    assert by_frame["org.apache.spark.util.collection.TimSort.sort"].total_share == pytest.approx(
+        2 / 3
+    )
+    assert by_frame["org.apache.spark.util.collection.TimSort.sort"].self_share == 0
+    assert by_frame["java.lang.Thread.run"].total_share == 1
+    assert shares[0].frame == "java.lang.Object.hashCode"
+    # Task threads are one kind, whatever their task.
+    assert threads == [
+        ("Executor task launch worker for task N.N in stage N.N (TID N)", pytest.approx(2 / 3)),
+        ("stream execution thread for windows [id = ID]", pytest.approx(1 / 3)),
+    ]
+
+
+def test_a_spawned_process_gets_its_own_recording_whatever_its_parent_asked(
+    tmp_path: Path,
+) -> None:
+    profiler = profiling.Profiler("unit", out_dir=tmp_path)
+    parent = "-Xss4m -XX:StartFlightRecording=filename=/x"
+    label = profiler.unique_label("svc_transform")
+    env = profiler.jvm_env({"A": "1", profiling.DRIVER_OPTIONS_ENV: parent}, label)
+    assert env[profiling.DRIVER_OPTIONS_ENV] == (
+        f"-Xss4m -XX:StartFlightRecording=filename={tmp_path / 'unit-svc_transform.jfr.d'},"
+        "settings=profile,dumponexit=true"
+    )
+    assert env["A"] == "1" and (tmp_path / "unit-svc_transform.jfr.d").is_dir()
+    assert profiler.unique_label("svc_transform") == "svc_transform-2"
+
+
+BUSY_JAVA = """
+public final class Busy {
+  static double spinInANamedMethod(long until) {
+    double sum = 0;
+    while (System.nanoTime() < until) {
+      for (int i = 0; i < 100_000; i++) sum += Math.sqrt(i);
+    }
+    return sum;
+  }
+  public static void main(String[] args) {
+    System.out.println(spinInANamedMethod(System.nanoTime() + 3_000_000_000L));
+  }
+}
+"""
+
+
+@pytest.mark.skipif(
+    shutil.which("javac") is None or profiling.jfr_executable() is None,
+    reason="needs a JDK (javac, jfr): make setup's machine has one",
+)
+def test_a_jvm_records_itself_into_a_table_of_its_java_frames(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "Busy.java"
+    source.write_text(BUSY_JAVA)
+    subprocess.run(["javac", "-d", str(tmp_path), str(source)], check=True)
+    profiler = profiling.Profiler("unit", out_dir=tmp_path / "out")
+    env = profiler.jvm_env({}, profiler.unique_label("busy"))
+    # What spark-submit does with SPARK_SUBMIT_OPTS: the driver JVM's options.
+    options = env[profiling.DRIVER_OPTIONS_ENV].split()
+    subprocess.run(["java", *options, "-cp", str(tmp_path), "Busy"], check=True)
+    written = profiler.finish()
+    table = tmp_path / "out" / "unit-busy.jvm-top.txt"
+    assert table in written
+    text = table.read_text()
+    assert "execution samples" in text
+    # The method that spun ran in nearly every sample.
+    top = text.splitlines()[3]
+    assert top.endswith("Busy.spinInANamedMethod"), text
+    assert float(top.split("%")[0]) > 80, text
+    assert "Busy.spinInANamedMethod" in capsys.readouterr().out
