@@ -171,7 +171,7 @@ def _snapshot(source: Path, target: Path) -> int:
         if entry.name.endswith(PARTIAL_SUFFIX):
             continue
         try:
-            if entry.is_dir(follow_symlinks=False):
+            if entry.is_dir():  # a link to a directory is copied, as copytree does
                 linked += _snapshot(Path(entry.path), target / entry.name)
             else:
                 _link_or_copy(entry.path, str(target / entry.name))
@@ -184,7 +184,5 @@ def _snapshot(source: Path, target: Path) -> int:
 def _link_or_copy(source: str, target: str) -> None:
     try:
         os.link(source, target)
-    except FileNotFoundError:
-        raise
-    except OSError:
+    except OSError:  # a source gone since the listing raises FileNotFoundError here too
         shutil.copy2(source, target)

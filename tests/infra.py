@@ -140,12 +140,13 @@ def stepped_free_ports(count: int, brokers: int) -> list[int]:
     for _ in range(100):
         ports = free_ports(count)
         others = [p + KAFKA_PORT_STEP * n for p in ports for n in range(1, brokers)]
-        if all(p < 65536 for p in others) and all(_port_free(p) for p in others):
+        if all(p < 65536 for p in others) and all(port_is_free(p) for p in others):
             return ports
     raise AssertionError(f"no {count} ports free at every step of {brokers} brokers")
 
 
-def _port_free(port: int) -> bool:
+def port_is_free(port: int) -> bool:
+    """Whether a localhost socket can bind ``port`` now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("127.0.0.1", port))

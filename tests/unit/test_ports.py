@@ -8,15 +8,7 @@ from pathlib import Path
 import pytest
 
 from shared import ports
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+from tests.infra import port_is_free
 
 
 def test_ports_are_distinct_free_and_below_the_ephemeral_range(
@@ -28,7 +20,7 @@ def test_ports_are_distinct_free_and_below_the_ephemeral_range(
     picked = ports.free_ports(20)
     assert len(set(picked)) == 20
     assert all(ports.LOWEST <= port < 32768 for port in picked), picked
-    assert all(_bindable(port) for port in picked)
+    assert all(port_is_free(port) for port in picked)
 
 
 def test_a_port_taken_is_not_picked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
