@@ -21,7 +21,7 @@ from confluent_kafka import Message as KafkaMessage
 
 from compose.local import LocalStack
 from compose.settings import KAFKA_PORT_STEP, InfraSettings
-from shared.ports import free_ports
+from shared.ports import ephemeral_range, free_ports
 from shared.settings import CommonSettings, KafkaSettings, RedisSettings
 
 KAFKA_IMAGE = "confluentinc/cp-kafka:7.9.1"  # Apache Kafka 3.9, as the local launcher
@@ -136,11 +136,16 @@ def local_infra(state_dir: Path, *, brokers: int = 1) -> Iterator[Infra]:
 
 def stepped_free_ports(count: int, brokers: int) -> list[int]:
     """``count`` free ports, each free also at + KAFKA_PORT_STEP·n for every
-    further broker n (where a local cluster puts them)."""
+    further broker n (where a local cluster puts them), and those below the
+    kernel's ephemeral range too (see ``shared.ports``: a connection may take
+    one there before the broker binds it)."""
+    span = ephemeral_range()
+    ceiling = span[0] if span is not None else 65536
     for _ in range(100):
         ports = free_ports(count)
         others = [p + KAFKA_PORT_STEP * n for p in ports for n in range(1, brokers)]
-        if all(p < 65536 for p in others) and all(port_is_free(p) for p in others):
+        below = all(p < ceiling for p in others) or not all(p < ceiling for p in ports)
+        if below and all(p < 65536 for p in others) and all(port_is_free(p) for p in others):
             return ports
     raise AssertionError(f"no {count} ports free at every step of {brokers} brokers")
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from shared import ports
+from tests import infra
 from tests.infra import port_is_free
 
 
@@ -45,3 +46,15 @@ def test_without_the_kernels_range_the_kernel_picks(
     assert ports.ephemeral_range() is None
     picked = ports.free_ports(3)
     assert len(set(picked)) == 3 and all(port > 0 for port in picked)
+
+
+def test_a_clusters_further_brokers_ports_stay_below_the_ephemeral_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    span = tmp_path / "ip_local_port_range"
+    span.write_text("32768 60999")
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE_FILE", span)
+    # The first pick's third broker would land at 32,750 + 200, in the range.
+    picks = iter([[32_750, 20_000, 20_001], [21_000, 21_001, 21_002]])
+    monkeypatch.setattr(infra, "free_ports", lambda count: next(picks))
+    assert infra.stepped_free_ports(3, brokers=3) == [21_000, 21_001, 21_002]
