@@ -44,6 +44,9 @@ from svc_model.settings import ModelSettings
 from svc_model.tensors import batch_rows, decode_inputs, encode_outputs
 
 log = get_logger("svc_model")
+# Which requests are shadowed: a generator of its own, so that a caller's
+# random.seed() (a test's, an embedding program's) neither decides nor moves.
+_shadow_draw = random.Random().random
 
 SERVER_NAME = "aistack"
 SERVER_VERSION = "0.1.0"
@@ -323,7 +326,7 @@ class InferenceCore:
             if self._shadowing and role == PREDICTION_ROLE_CHAMPION
             else ()
         )
-        shadowed = bool(shadows) and random.random() < self.settings.shadow_fraction
+        shadowed = bool(shadows) and _shadow_draw() < self.settings.shadow_fraction
         prediction_log = self._prediction_log
         if prediction_log is not None and (shadowed or prediction_log.sampled(by_entity)):
             # References only: the log's thread builds the record.

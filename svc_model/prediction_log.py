@@ -185,11 +185,12 @@ class Sampler:
         self,
         entity_fraction: float,
         tensor_fraction: float,
-        draw: Callable[[], float] = random.random,
+        draw: Callable[[], float] | None = None,
     ) -> None:
         self._entity = entity_fraction
         self._tensor = tensor_fraction
-        self._draw = draw
+        # A generator of its own: a caller's random.seed() must not decide.
+        self._draw = draw if draw is not None else random.Random().random
 
     @property
     def on(self) -> bool:

@@ -7,6 +7,7 @@ Every record aistack writes carries ``content-type``, ``ce_specversion``,
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,10 +36,15 @@ class Envelope:
     traceparent: str
 
 
-# Ids need to be unique, not secret: the PRNG (seeded from the OS, reseeded in
+# Ids need to be unique, not secret: a PRNG (seeded from the OS, reseeded in
 # a forked child) costs a fraction of a syscall per id, which matters at tens
-# of thousands of records a second. W3C forbids all-zero ids; 1 in 2^128.
-_bits = random.getrandbits
+# of thousands of records a second. A generator of its own, not the random
+# module's: a caller's random.seed() (a user's code, Keras'
+# set_random_seed) would otherwise make the ids repeat from run to run. W3C
+# forbids all-zero ids; 1 in 2^128.
+_generator = random.Random()
+os.register_at_fork(after_in_child=_generator.seed)
+_bits = _generator.getrandbits
 
 
 def new_event_id() -> str:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import random
 import re
 
 import pytest
@@ -52,6 +54,36 @@ def test_traceparents_are_w3c() -> None:
     assert child.split("-")[1] == parent.split("-")[1]
     assert child.split("-")[2] != parent.split("-")[2]
     assert TRACEPARENT.match(envelope.child_traceparent("garbage"))
+
+
+def test_ids_do_not_follow_a_seed_given_to_the_random_module() -> None:
+    # A user's code (or Keras' set_random_seed) seeding the random module in
+    # a process that publishes must not make its event ids repeat.
+    state = random.getstate()
+    try:
+        runs = []
+        for _ in range(2):
+            random.seed(7)
+            runs.append((envelope.new_event_id(), envelope.new_traceparent()))
+    finally:
+        random.setstate(state)
+    assert runs[0][0] != runs[1][0] and runs[0][1] != runs[1][1]
+
+
+def test_a_forked_child_draws_other_ids_than_its_parent() -> None:
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first id, then out at once
+        try:
+            os.write(writing, envelope.new_event_id().encode())
+        finally:
+            os._exit(0)
+    os.close(writing)
+    parents = envelope.new_event_id()
+    with os.fdopen(reading, "rb") as pipe:
+        childs = pipe.read().decode()
+    os.waitpid(pid, 0)
+    assert len(childs) == 32 and childs != parents
 
 
 def _decode(value: bytes | None, headers: list[tuple[str, bytes]]) -> events_pb2.CleanEvent:

@@ -4,6 +4,7 @@ sampling, and what is dropped (and counted) instead of waited for."""
 from __future__ import annotations
 
 import hashlib
+import random
 import struct
 from collections.abc import Iterator
 
@@ -316,3 +317,16 @@ def test_the_predictions_topic_is_ensured_only_while_the_log_is_on() -> None:
     assert "preds-x" in [spec.name for spec in on.topic_specs()]
     assert not off.prediction_log_on()
     assert "aistack.predictions" not in [spec.name for spec in off.topic_specs()]
+
+
+def test_sampling_does_not_follow_a_seed_given_to_the_random_module() -> None:
+    state = random.getstate()
+    try:
+        runs = []
+        for _ in range(2):
+            random.seed(11)
+            sampler = Sampler(0.5, 0.5)
+            runs.append([sampler.wants(by_entity=True) for _ in range(64)])
+    finally:
+        random.setstate(state)
+    assert runs[0] != runs[1]  # equal by chance once in 2^64
