@@ -140,12 +140,13 @@ def stepped_free_ports(count: int, brokers: int) -> list[int]:
     kernel's ephemeral range too (see ``shared.ports``: a connection may take
     one there before the broker binds it)."""
     span = ephemeral_range()
-    ceiling = span[0] if span is not None else 65536
     for _ in range(100):
         ports = free_ports(count)
+        # Below the range where the picked ones are (they fall back into it
+        # only where there is no room below).
+        limit = span[0] if span is not None and max(ports) < span[0] else 65536
         others = [p + KAFKA_PORT_STEP * n for p in ports for n in range(1, brokers)]
-        below = all(p < ceiling for p in others) or not all(p < ceiling for p in ports)
-        if below and all(p < 65536 for p in others) and all(port_is_free(p) for p in others):
+        if all(p < limit for p in others) and all(port_is_free(p) for p in others):
             return ports
     raise AssertionError(f"no {count} ports free at every step of {brokers} brokers")
 

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import random
 import re
 
 import pytest
@@ -13,6 +12,7 @@ from shared.bus.codec import decode, type_name
 from shared.bus.deadletter import dead_letter_headers, from_undecodable
 from shared.contracts.aistack.v1 import events_pb2, tuning_pb2
 from shared.errors import UndecodableRecord
+from tests.seeding import after_the_same_seed
 
 TRACEPARENT = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-01$")
 
@@ -59,15 +59,10 @@ def test_traceparents_are_w3c() -> None:
 def test_ids_do_not_follow_a_seed_given_to_the_random_module() -> None:
     # A user's code (or Keras' set_random_seed) seeding the random module in
     # a process that publishes must not make its event ids repeat.
-    state = random.getstate()
-    try:
-        runs = []
-        for _ in range(2):
-            random.seed(7)
-            runs.append((envelope.new_event_id(), envelope.new_traceparent()))
-    finally:
-        random.setstate(state)
-    assert runs[0][0] != runs[1][0] and runs[0][1] != runs[1][1]
+    first, second = after_the_same_seed(
+        lambda: (envelope.new_event_id(), envelope.new_traceparent())
+    )
+    assert first[0] != second[0] and first[1] != second[1]
 
 
 def test_a_forked_child_draws_other_ids_than_its_parent() -> None:

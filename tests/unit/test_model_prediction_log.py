@@ -4,7 +4,6 @@ sampling, and what is dropped (and counted) instead of waited for."""
 from __future__ import annotations
 
 import hashlib
-import random
 import struct
 from collections.abc import Iterator
 
@@ -32,6 +31,7 @@ from svc_model.prediction_log import (
 )
 from svc_model.settings import ModelSettings
 from svc_model.tensors import TensorSig, decode_inputs
+from tests.seeding import after_the_same_seed
 
 SIGNATURE = [TensorSig("input", "FP32", (-1, 3)), TensorSig("ids", "INT64", (-1,))]
 OUTPUTS = {"scores": np.array([[0.25, 0.75]], dtype=np.float32), "label": np.array([1])}
@@ -320,13 +320,9 @@ def test_the_predictions_topic_is_ensured_only_while_the_log_is_on() -> None:
 
 
 def test_sampling_does_not_follow_a_seed_given_to_the_random_module() -> None:
-    state = random.getstate()
-    try:
-        runs = []
-        for _ in range(2):
-            random.seed(11)
-            sampler = Sampler(0.5, 0.5)
-            runs.append([sampler.wants(by_entity=True) for _ in range(64)])
-    finally:
-        random.setstate(state)
-    assert runs[0] != runs[1]  # equal by chance once in 2^64
+    def samples() -> list[bool]:
+        sampler = Sampler(0.5, 0.5)
+        return [sampler.wants(by_entity=True) for _ in range(64)]
+
+    first, second = after_the_same_seed(samples, seed=11)
+    assert first != second  # equal by chance once in 2^64
