@@ -1,8 +1,10 @@
 """The Python daemon Spark's executors fork their Python workers from
 (``spark.python.daemon.module``, which ``shared.spark_session`` sets): Spark's
 own ``pyspark.daemon``, with zip archives on the workers' path read again
-only when they have changed, and a reused worker collecting only its young
-garbage between tasks (``collect_after_task``).
+only when they have changed, a reused worker collecting only its young
+garbage between tasks (``collect_after_task``), and glibc's malloc keeping
+what a worker frees for its next batch (``shared.malloc.hold_freed_memory``,
+set in the daemon before it forks a worker: each inherits it).
 
 Before every task a Python worker runs, pyspark calls
 ``importlib.invalidate_caches()`` (``setup_spark_files``), and Python 3.11's
@@ -20,8 +22,9 @@ holds an older read of it than the last. The directories the daemon has read
 when it starts count as read then.
 
 Run by Spark as ``python -m shared.spark_daemon pyspark.worker``: it imports
-only the standard library and pyspark, and writes nothing to stdout (the
-executor reads the daemon's port from it).
+only the standard library, pyspark and ``shared.malloc`` (the standard
+library's ctypes), and writes nothing to stdout (the executor reads the
+daemon's port from it).
 """
 
 from __future__ import annotations
@@ -99,10 +102,18 @@ def collect_young_after_tasks(daemon: Any) -> None:
     daemon.gc = types.SimpleNamespace(collect=collect_after_task)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """Spark's daemon, as the module docstring says; serves until Spark stops it."""
+    from shared.malloc import hold_freed_memory
+
+    hold_freed_memory()
     # pyspark first: importing it puts its archives' importers on the path.
     from pyspark import daemon
 
     keep_unchanged_archives()
     collect_young_after_tasks(daemon)
     daemon.manager()  # type: ignore[no-untyped-call]
+
+
+if __name__ == "__main__":
+    main()

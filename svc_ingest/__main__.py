@@ -6,34 +6,22 @@ the raw topic's partitions. SIGTERM stops the agent, commits and exits 0.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 from typing import TYPE_CHECKING
 
 from shared.log import get_logger
+from shared.malloc import limit_arenas
 from shared.metrics import serve_metrics
 from shared.service_main import run
 
 if TYPE_CHECKING:
     from svc_ingest.settings import IngestSettings
 
-# glibc's mallopt parameter for the most malloc arenas a process keeps.
-_M_ARENA_MAX = -8
 #: RocksDB's background threads (flushes, compactions) each take a malloc
 #: arena of their own, up to eight per core, and memory freed there lingers:
 #: one worker at 2,000 events/s held 208 MB after ten minutes with glibc's
 #: default and 168 MB with two arenas (the memory store: 145 MB).
 MALLOC_ARENAS = 2
-
-
-def limit_malloc_arenas(arenas: int) -> bool:
-    """Cap glibc's malloc arenas for threads started from now on; False where
-    the C library is not glibc (nothing changes)."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_ARENA_MAX, arenas))
 
 
 def main() -> int:
@@ -44,7 +32,7 @@ def main() -> int:
 
 def serve(settings: IngestSettings) -> int:
     log = get_logger("svc_ingest")
-    limit_malloc_arenas(MALLOC_ARENAS)  # before any thread starts
+    limit_arenas(MALLOC_ARENAS)  # before any thread starts
 
     import faust
     import uvloop

@@ -63,8 +63,8 @@ def test_half_an_hour_of_dedup_entries_keeps_the_memtables_small(tmp_path: Path)
 def test_the_worker_caps_glibcs_malloc_arenas() -> None:
     # A process of its own: the cap holds for the whole process.
     code = (
-        "from svc_ingest.__main__ import MALLOC_ARENAS, limit_malloc_arenas; "
-        "print(limit_malloc_arenas(MALLOC_ARENAS))"
+        "from svc_ingest.__main__ import MALLOC_ARENAS; from shared.malloc import limit_arenas; "
+        "print(limit_arenas(MALLOC_ARENAS))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
