@@ -18,6 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from shared.log import configure_logging, get_logger
+from shared.malloc import hold_freed_memory
 from svc_trainer.executors.events import (
     Epoch,
     Failed,
@@ -102,6 +103,7 @@ def executor_main(
     Python stacks go when the process dies of a signal (``os.abort()``, a
     segfault), for the worker to quote."""
     die_with_parent()
+    hold_freed_memory()
     configure_logging("svc_trainer", log_level, log_format)
     _use_code(code_dir)
     # Open for the process's life: faulthandler writes to it as the process dies.
