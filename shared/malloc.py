@@ -47,9 +47,10 @@ def hold_freed_memory() -> bool:
     from fresh pages, faulted in one by one, and go back to the kernel when
     the batch ends: in a Python worker of ``aistack score``'s job, 32,000 to
     49,000 page faults in a task's 25 batches, the batches' scoring twice as
-    long as the same code's in a process that had freed a large block
-    (bench.batch_scoring's timed job 0.76-0.78 s against 0.61-0.63 s with
-    this, fresh sessions on the 2-core build machine); in a trainer's
+    long as the same code's in a process that had freed a large block (a
+    fresh session's first large job, the one bench.batch_scoring times,
+    0.75-0.78 s against 0.61-0.63 s with this, on the 2-core build
+    machine); in a trainer's
     executor, 24,000 faults in a 4-epoch digits trial against 1,300."""
     mallopt = _mallopt()
     if mallopt is None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import uuid
@@ -28,6 +27,7 @@ from shared.model_loading import CHECKSUM_MISMATCH, ArtifactRejected
 from svc_score import app, job
 from svc_score.plan import BadInput, UnknownModel
 from svc_score.settings import ScoreSettings
+from tests import memory_probe
 from tests.infra import Infra, read_topic
 from tests.integration import model_support as ms
 from tests.spark_cluster import standalone_cluster
@@ -508,34 +508,15 @@ def test_a_reused_worker_collects_its_young_garbage_between_tasks(spark: Any) ->
         assert 1 in generations and 2 not in generations, generations
 
 
-#: What ``_batches_faults`` holds live in each batch: 24 blocks of 2 MiB,
-#: each below the most glibc keeps in the heap for reuse, all together below
-#: the most free heap it keeps (``shared.malloc``).
-_BATCH_BLOCKS = 24
-_BLOCK_BYTES = 2 << 20
-
-
 def _first_only(given: Iterable[int]) -> Iterator[int]:
     """Reads one element of its input: pyspark does not reuse the worker."""
     yield next(iter(given))
 
 
 def _batches_faults(given: Iterator[int]) -> Iterator[tuple[int, int]]:
-    """In a Python worker: the page faults of eight batches that each hold
-    ``_BATCH_BLOCKS`` blocks live and free them, after one batch before."""
-    import resource
-
+    """In a Python worker: ``memory_probe.batches_faults``."""
     list(given)
-
-    def batch() -> None:
-        blocks = [bytearray(_BLOCK_BYTES) for _ in range(_BATCH_BLOCKS)]
-        del blocks
-
-    batch()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(8):
-        batch()
-    yield os.getpid(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    yield os.getpid(), memory_probe.batches_faults()
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the settings are glibc's mallopt")
@@ -549,10 +530,9 @@ def test_the_jobs_python_workers_reuse_freed_memory_from_their_first_batch(spark
     # Workers that read part of their input are not reused: the next job's
     # tasks run in workers forked afresh, with nothing freed before.
     context.parallelize(range(4), 2).mapPartitions(_first_only).collect()
-    pages = _BATCH_BLOCKS * _BLOCK_BYTES // resource.getpagesize()
     for pid, faults in context.parallelize([0, 1], 2).mapPartitions(_batches_faults).collect():
         # Eight batches' pages would be 98,304 faults; a tenth of one batch's is slack.
-        assert faults < pages // 10, (pid, faults)
+        assert faults < memory_probe.BATCH_PAGES // 10, (pid, faults)
 
 
 def test_the_command_scores_on_a_standalone_cluster(
