@@ -11,18 +11,15 @@ from the contracts' descriptor set; no Python per row). Sources:
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    DoubleType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.types import BinaryType, DoubleType, StringType
 
-DECODE_CLEAN_EVENT = "aistack_decode_clean_event"
+from shared.feature_store import WEB_LATENCY
+
+#: CleanEvent bytes to its observations, each a ``struct<entity_id, event_time,
+#: metric, path, unit, value, is_error>`` (none when it does not decode).
+DECODE_OBSERVATIONS = "aistack_decode_observations"
+#: A web request's latency, as an observation's unit.
+WEB_LATENCY_UNIT = "ms"
 #: Why a record is not a usable CleanEvent (null when it is).
 CLEAN_EVENT_ERROR = "aistack_clean_event_error"
 ENCODE_FEATURE_WINDOW = "aistack_encode_feature_window"
@@ -40,57 +37,24 @@ RECORD_OFFSET_RANGES = "aistack_record_offset_ranges"
 #: Aggregate: the ``ranges`` of such results to the ranges of all their records.
 MERGE_OFFSET_RANGES = "aistack_merge_offset_ranges"
 
-# Field for field what DecodeCleanEvent.java returns.
-CLEAN_EVENT_SCHEMA = StructType(
-    [
-        StructField("event_id", StringType()),
-        StructField("entity_id", StringType()),
-        StructField("event_time", TimestampType()),
-        StructField("kind", StringType()),  # "sensor" or "web"
-        StructField(
-            "measurements",
-            ArrayType(
-                StructType(
-                    [
-                        StructField("metric", StringType()),
-                        StructField("value", DoubleType()),
-                        StructField("unit", StringType()),
-                    ]
-                )
-            ),
-        ),
-        StructField(
-            "web",
-            StructType(
-                [
-                    StructField("host", StringType()),
-                    StructField("method", StringType()),
-                    StructField("path", StringType()),
-                    StructField("status", LongType()),
-                    StructField("latency_ms", DoubleType()),
-                ]
-            ),
-        ),
-        # Set (and nothing else) when the record does not decode.
-        StructField("error", StringType()),
-    ]
-)
-
 _PACKAGE = "dev.aistack.transform"
 
 
 def register(spark: SparkSession) -> None:
     """Make the functions callable in SQL expressions of ``spark``'s queries."""
     udf = spark.udf
-    udf.registerJavaFunction(DECODE_CLEAN_EVENT, f"{_PACKAGE}.DecodeCleanEvent", CLEAN_EVENT_SCHEMA)
     udf.registerJavaFunction(CLEAN_EVENT_ERROR, f"{_PACKAGE}.CleanEventError", StringType())
     udf.registerJavaFunction(ENCODE_FEATURE_WINDOW, f"{_PACKAGE}.EncodeFeatureWindow", BinaryType())
     udf.registerJavaFunction(ENCODE_DEAD_LETTER, f"{_PACKAGE}.EncodeDeadLetter", BinaryType())
     udf.registerJavaFunction(SKETCH_PERCENTILE, f"{_PACKAGE}.SketchPercentile", DoubleType())
-    # Aggregators have no registerJavaFunction: the JVM side registers them.
+    # Aggregators, and functions built with arguments, have no
+    # registerJavaFunction: the JVM side registers them.
     jvm = spark.sparkContext._jvm
     if jvm is None:
         raise RuntimeError("the SparkContext has no JVM (stopped?)")
+    jvm.dev.aistack.transform.DecodeObservations.register(
+        spark._jsparkSession, DECODE_OBSERVATIONS, WEB_LATENCY, WEB_LATENCY_UNIT
+    )
     jvm.dev.aistack.transform.Aggregates.register(
         spark._jsparkSession,
         SKETCH_VALUES,

@@ -12,9 +12,12 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
-from shared.feature_store import DIMENSIONS, WEB_LATENCY, window_kind
+from shared.feature_store import DIMENSIONS, window_kind
+
+# The metric observations give web requests' latencies (registered with the JVM function).
+from shared.feature_store import WEB_LATENCY as WEB_LATENCY
 from svc_transform.functions import (
-    DECODE_CLEAN_EVENT,
+    DECODE_OBSERVATIONS,
     ENCODE_FEATURE_WINDOW,
     MERGE_OFFSET_RANGES,
     MERGE_SKETCHES,
@@ -48,50 +51,30 @@ def window_specs(settings: TransformSettings) -> list[WindowSpec]:
 
 
 def decode(records: DataFrame) -> DataFrame:
-    """Kafka records plus ``event``: the decoded CleanEvent (``event.error`` when it is not one)."""
-    # Through a one-element explode, so the decode runs once per record: as a
-    # plain column, Spark would inline the call into every later reference.
-    decoded = F.explode(F.array(F.expr(f"{DECODE_CLEAN_EVENT}(value)")))
-    return records.select("*", decoded.alias("event"))
+    """Kafka records plus ``observed``: their CleanEvents' observations (none
+    for a record that is not a usable CleanEvent; the dead-letter query says
+    why)."""
+    return records.select("*", F.expr(f"{DECODE_OBSERVATIONS}(value)").alias("observed"))
 
 
 def observations(decoded: DataFrame) -> DataFrame:
     """One row per (entity, metric, path) value: sensor measurements and web
-    latencies, each with its clean event's Kafka ``topic``, ``partition`` and
-    ``offset``. svc_ingest rejects a reading that names a metric twice, so an
-    event gives a (metric, path) one value at most."""
-    event = F.col("event")
-    sensor_values = F.transform(
-        event["measurements"],
-        lambda m: F.struct(
-            m["metric"].alias("metric"),
-            F.lit("").alias("path"),
-            m["unit"].alias("unit"),
-            m["value"].alias("value"),
-            F.lit(None).cast("double").alias("is_error"),
-        ),
-    )
-    web = event["web"]
-    web_value = F.array(
-        F.struct(
-            F.lit(WEB_LATENCY).alias("metric"),
-            web["path"].alias("path"),
-            F.lit("ms").alias("unit"),
-            web["latency_ms"].alias("value"),
-            (web["status"] >= 500).cast("double").alias("is_error"),
-        )
-    )
-    # One pass over the events (a union would decode each twice).
-    values = F.when(event["kind"] == "sensor", sensor_values).otherwise(web_value)
-    return (
-        decoded.where(event["error"].isNull())
-        .select(
-            event["entity_id"].alias("entity_id"),
-            event["event_time"].alias("event_time"),
-            *_POSITION,
-            F.explode(values).alias("o"),
-        )
-        .select("entity_id", "event_time", *_POSITION, "o.*")
+    latencies (metric ``WEB_LATENCY`` in ms, the path its dimension,
+    ``is_error`` 1.0 for a status of 500 or more), each with its clean
+    event's Kafka ``topic``, ``partition`` and ``offset``. svc_ingest rejects
+    a reading that names a metric twice, so an event gives a (metric, path)
+    one value at most."""
+    # The JVM function builds the flat rows itself: one explode, no nested
+    # event row to build and take apart (every window query runs this per record).
+    return decoded.select(*_POSITION, F.explode("observed").alias("o")).select(
+        "o.entity_id",
+        "o.event_time",
+        *_POSITION,
+        "o.metric",
+        "o.path",
+        "o.unit",
+        "o.value",
+        "o.is_error",
     )
 
 
@@ -120,24 +103,12 @@ def aggregate(observed: DataFrame, specs: list[WindowSpec], watermark_seconds: i
     """
     pane = WindowSpec(pane_seconds(specs), pane_seconds(specs))
     watermarked = observed.withWatermark("event_time", f"{watermark_seconds} seconds")
-    # Plain arithmetic, no array of candidate windows: this runs once per event.
-    micros = F.unix_micros("event_time")
-    pane_start = micros - F.pmod(micros, F.lit(pane.size_seconds * 1_000_000))
-    pane_window = F.struct(
-        F.timestamp_micros(pane_start).alias("start"),
-        F.timestamp_micros(pane_start + pane.size_seconds * 1_000_000).alias("end"),
+    panes = watermarked.select(
+        "*", _event_time_window(_tumbling_window("event_time", pane), watermark_seconds)
     )
-    panes = watermarked.select("*", _event_time_window(pane_window, watermark_seconds))
     panes = panes.groupBy("window", *DIMENSIONS).agg(*_event_statistics())
     if specs == [pane]:
-        return _finish(
-            panes.select(
-                "*",
-                F.lit(pane.size_seconds).cast("long").alias("size"),
-                F.lit(pane.slide_seconds).cast("long").alias("slide"),
-                F.lit(pane.name).alias("name"),
-            )
-        )
+        return _finish(panes.select("*", *_spec_columns(pane)))
     # Chan et al.: squared deviations about the merged mean, from each pane's
     # (n, mean, m2); sum(m2 + n * mean^2) - n_total * mean_total^2.
     merged = _group_into_windows(
@@ -214,11 +185,42 @@ def _group_into_windows(
     goes to every window of every spec that holds its ``time_column``."""
     # A pane's own window makes way for the windows it goes to.
     kept = [c for c in frame.columns if c != "window"]
-    windowed = frame.select(
-        *kept,
-        F.explode(_windows_holding(time_column, specs)).alias("w"),
-    ).select("*", _event_time_window(F.struct("w.start", "w.end"), watermark_seconds))
+    if len(specs) == 1 and specs[0].size_seconds == specs[0].slide_seconds:
+        # One window holds each row: plain arithmetic, no array of candidate
+        # windows to build, filter and explode (the open-window query runs
+        # this per observation).
+        (spec,) = specs
+        windowed = frame.select(
+            *kept,
+            _event_time_window(_tumbling_window(time_column, spec), watermark_seconds),
+            F.struct(*_spec_columns(spec)).alias("w"),
+        )
+    else:
+        windowed = frame.select(
+            *kept,
+            F.explode(_windows_holding(time_column, specs)).alias("w"),
+        ).select("*", _event_time_window(F.struct("w.start", "w.end"), watermark_seconds))
     return windowed.groupBy("window", "w.size", "w.slide", "w.name", *DIMENSIONS)
+
+
+def _tumbling_window(time_column: str, spec: WindowSpec) -> Column:
+    """The window [start, end) of the tumbling ``spec`` that holds ``time_column``."""
+    size = spec.size_seconds * 1_000_000
+    micros = F.unix_micros(time_column)
+    start = micros - F.pmod(micros, F.lit(size))
+    return F.struct(
+        F.timestamp_micros(start).alias("start"),
+        F.timestamp_micros(start + size).alias("end"),
+    )
+
+
+def _spec_columns(spec: WindowSpec) -> list[Column]:
+    """``size``, ``slide`` and ``name``: which spec a window is of."""
+    return [
+        F.lit(spec.size_seconds).cast("long").alias("size"),
+        F.lit(spec.slide_seconds).cast("long").alias("slide"),
+        F.lit(spec.name).alias("name"),
+    ]
 
 
 def _event_time_window(start_end: Column, watermark_seconds: int) -> Column:
@@ -293,9 +295,7 @@ def _windows_holding(time_column: str, specs: list[WindowSpec]) -> Column:
                 F.struct(
                     F.timestamp_micros(start).alias("start"),
                     F.timestamp_micros(start + size).alias("end"),
-                    F.lit(spec.size_seconds).cast("long").alias("size"),
-                    F.lit(spec.slide_seconds).cast("long").alias("slide"),
-                    F.lit(spec.name).alias("name"),
+                    *_spec_columns(spec),
                     (micros < start + size).alias("holds"),
                 )
             )

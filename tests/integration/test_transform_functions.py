@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from pyspark.sql import functions as F
 
 from shared.contracts.aistack.v1 import common_pb2, events_pb2, features_pb2
+from shared.feature_store import WEB_LATENCY
 from shared.object_store import CHECKPOINT_MANAGER_CONF, checkpoint_options
 from svc_transform.codegen import (
     CODEGEN_FACTORY_MODE,
@@ -26,7 +27,7 @@ from svc_transform.codegen import (
 )
 from svc_transform.functions import (
     CLEAN_EVENT_ERROR,
-    DECODE_CLEAN_EVENT,
+    DECODE_OBSERVATIONS,
     ENCODE_DEAD_LETTER,
     ENCODE_FEATURE_WINDOW,
 )
@@ -55,29 +56,26 @@ def _web_event() -> bytes:
     return event.SerializeToString()
 
 
-def test_clean_events_decode_in_the_jvm(spark: Any) -> None:
+def test_clean_events_decode_to_their_observations_in_the_jvm(spark: Any) -> None:
     frame = spark.createDataFrame(
         [(_sensor_event(),), (_web_event(),), (b"\xff\x00 not protobuf",), (None,)], ["value"]
     )
-    rows = frame.selectExpr(f"{DECODE_CLEAN_EVENT}(value) AS e").select("e.*").collect()
+    rows = frame.selectExpr(f"{DECODE_OBSERVATIONS}(value) AS observed").collect()
 
-    sensor, web, garbage, empty = rows
-    assert (sensor.event_id, sensor.entity_id, sensor.kind) == ("e-1", "thermo-7", "sensor")
-    assert sensor.event_time.astimezone(UTC) == datetime(2026, 11, 22, 10, 0, 5, 250_000, UTC)
-    assert [(m.metric, m.value, m.unit) for m in sensor.measurements] == [
-        ("temperature", 21.5, "degC"),
-        ("humidity", 40.0, "%"),
+    sensor, web, garbage, empty = (row.observed for row in rows)
+    at = datetime(2026, 11, 22, 10, 0, 5, 250_000, UTC)
+    assert [(o.entity_id, o.event_time.astimezone(UTC)) for o in sensor] == [("thermo-7", at)] * 2
+    assert [(o.metric, o.path, o.unit, o.value, o.is_error) for o in sensor] == [
+        ("temperature", "", "degC", 21.5, None),
+        ("humidity", "", "%", 40.0, None),
     ]
-    assert sensor.error is None and sensor.web is None
-    assert (web.kind, web.web.host, web.web.path, web.web.status, web.web.latency_ms) == (
-        "web",
-        "web-1",
-        "/api/orders",
-        503,
-        12.5,
-    )
-    assert garbage.error and garbage.event_id is None
-    assert empty.error == "record has no value"
+    # A web request's latency, on its path; a status of 500 or more is an error.
+    assert [(o.entity_id, o.metric, o.path, o.unit, o.value, o.is_error) for o in web] == [
+        ("web-1", WEB_LATENCY, "/api/orders", "ms", 12.5, 1.0)
+    ]
+    assert web[0].event_time.astimezone(UTC) == datetime(2026, 11, 22, 10, 0, 6, tzinfo=UTC)
+    # What does not decode gives nothing: the dead-letter query says why.
+    assert garbage == [] and empty == []
 
 
 def test_clean_event_error_agrees_with_the_decoder(spark: Any) -> None:
@@ -97,10 +95,11 @@ def test_clean_event_error_agrees_with_the_decoder(spark: Any) -> None:
     frame = spark.createDataFrame([(v,) for v in values], ["value"])
 
     rows = frame.selectExpr(
-        f"{CLEAN_EVENT_ERROR}(value) AS error", f"{DECODE_CLEAN_EVENT}(value).error AS decoded"
+        f"{CLEAN_EVENT_ERROR}(value) AS error", f"size({DECODE_OBSERVATIONS}(value)) AS observed"
     ).collect()
 
-    assert [r.error for r in rows] == [r.decoded for r in rows]
+    # The decoder gives observations exactly where the error is null.
+    assert [r.error is None for r in rows] == [r.observed > 0 for r in rows]
     assert [r.error for r in rows][:2] == [None, None]
     assert [r.error for r in rows][3:] == [
         "record has no value",
@@ -138,14 +137,14 @@ def test_what_the_wire_format_forbids_is_dead_lettered_wherever_it_hides(spark: 
     frame = spark.createDataFrame([(v,) for v in [*broken, newer]], ["value"])
 
     rows = frame.selectExpr(
-        f"{CLEAN_EVENT_ERROR}(value) AS error", f"{DECODE_CLEAN_EVENT}(value) AS e"
+        f"{CLEAN_EVENT_ERROR}(value) AS error", f"{DECODE_OBSERVATIONS}(value) AS observed"
     ).collect()
 
     for row in rows[:-1]:
         assert row.error is not None and row.error.startswith("not an aistack.v1.CleanEvent")
-        assert row.e.error == row.error and row.e.entity_id is None
-    assert rows[-1].error is None and rows[-1].e.error is None
-    assert rows[-1].e.entity_id == "thermo-7" and len(rows[-1].e.measurements) == 2
+        assert row.observed == []
+    assert rows[-1].error is None
+    assert [o.entity_id for o in rows[-1].observed] == ["thermo-7", "thermo-7"]
 
 
 def test_feature_windows_encode_in_the_jvm(spark: Any) -> None:

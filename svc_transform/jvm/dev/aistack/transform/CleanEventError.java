@@ -4,7 +4,7 @@ import org.apache.spark.sql.api.java.UDF1;
 
 /**
  * Why a record is not a usable aistack.v1.CleanEvent, or null when it is: the
- * dead-letter query's test, the same as {@link DecodeCleanEvent}'s, without
+ * dead-letter query's test, the same as {@link DecodeObservations}'s, without
  * building the row it does not need.
  */
 public final class CleanEventError implements UDF1<byte[], String> {
@@ -13,9 +13,9 @@ public final class CleanEventError implements UDF1<byte[], String> {
   @Override
   public String call(byte[] value) {
     try {
-      DecodeCleanEvent.parseValid(value);
+      DecodeObservations.parseValid(value);
       return null;
-    } catch (DecodeCleanEvent.Invalid e) {
+    } catch (DecodeObservations.Invalid e) {
       return e.getMessage();
     }
   }
