@@ -34,7 +34,9 @@ and every launcher:
   ``TrialStopped``: let it propagate) or ``should_stop()`` (True), within one
   step of the decision reaching the trainer.
 - ``restore()`` hands back the latest checkpoint of a resumed trial (its
-  trainer was killed, or the trial was handed back), else None.
+  trainer was killed, or the trial was handed back), else None; call it
+  before the first report. Every rank restores the same one: the ranks'
+  first reports meet before the chief saves anything.
 - ``export(model, example)`` is what the model server serves.
 
 Nothing here imports a framework at module level: ``aistack`` stays cheap to
@@ -446,6 +448,12 @@ class TrialContext:
         self._begin()
         if self.stop_reason != NO_STOP:
             self._raise_stop()
+        if self._reported.step < 0 and self.world_size > 1:
+            # Every rank has restored by its first report; the chief saves
+            # nothing of this run before they all have. A rank that reached
+            # restore() after the chief's first save resumed from it and
+            # reported one step fewer: the ranks hung at the last report.
+            self._session.agree(NO_STOP)
         try:
             clean = self._check(step, metrics)
             if self.is_chief:

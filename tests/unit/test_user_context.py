@@ -5,6 +5,7 @@ arrive through it, and a loop run locally (``aistack.local``)."""
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -222,6 +223,60 @@ def test_another_rank_neither_reports_nor_checkpoints_nor_exports(tmp_path: Path
     assert session.events == []
     assert not (tmp_path / "checkpoints" / "user").exists()
     assert ctx.export_request is None
+
+
+class TwoRanks:
+    """Two ranks' sessions whose ``agree`` meets as an all-reduce does: each
+    call waits for the other rank's and returns the chief's flag."""
+
+    def __init__(self) -> None:
+        self._met = threading.Barrier(2, timeout=10)
+        self._flag = NO_STOP
+        self.chief_waiting = threading.Event()
+
+    def session(self, rank: int) -> Session:
+        ranks = self
+        session = Session()
+
+        def agree(flag: int) -> int:
+            if rank == 0:
+                ranks._flag = flag
+                ranks.chief_waiting.set()
+            ranks._met.wait()
+            chosen = ranks._flag
+            ranks._met.wait()  # both read it before the next call sets it
+            return chosen
+
+        session.agree = agree  # type: ignore[method-assign]
+        return session
+
+
+def slow_loop(ctx: aistack.TrialContext) -> list[int]:
+    """A loop without collectives of its own: one report an epoch."""
+    saved = ctx.restore()
+    start = saved.step + 1 if saved is not None else 1
+    for step in range(start, 4):
+        ctx.report(step, {"val_loss": 1.0 / step}, checkpoint={"step": step})
+    return list(range(start, 4))
+
+
+def test_a_rank_that_restores_late_restores_what_the_chief_did(tmp_path: Path) -> None:
+    # The chief's first report waits for every rank's: a rank that reached
+    # restore() after the chief had saved step 1 of this run resumed from it,
+    # reported two steps to the chief's three, and both hung at the last
+    # report (under torchrun on a loaded machine).
+    ranks = TwoRanks()
+    shared = {"checkpoint_dir": tmp_path / "checkpoints", "world_size": 2}
+    chief = context(tmp_path, ranks.session(0), rank=0, **shared)
+    done: list[list[int]] = []
+    thread = threading.Thread(target=lambda: done.append(slow_loop(chief)))
+    thread.start()
+    assert ranks.chief_waiting.wait(30)
+    other = context(tmp_path, ranks.session(1), rank=1, **shared)
+    steps = slow_loop(other)
+    thread.join(30)
+    assert done == [[1, 2, 3]] and steps == [1, 2, 3]
+    assert chief.last_step == other.last_step == 3
 
 
 def train(ctx: aistack.TrialContext) -> dict[str, float]:
