@@ -4,6 +4,7 @@ arrive through it, and a loop run locally (``aistack.local``)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Mapping
@@ -235,20 +236,18 @@ class TwoRanks:
         self.chief_waiting = threading.Event()
 
     def session(self, rank: int) -> Session:
-        ranks = self
         session = Session()
-
-        def agree(flag: int) -> int:
-            if rank == 0:
-                ranks._flag = flag
-                ranks.chief_waiting.set()
-            ranks._met.wait()
-            chosen = ranks._flag
-            ranks._met.wait()  # both read it before the next call sets it
-            return chosen
-
-        session.agree = agree  # type: ignore[method-assign]
+        session.agree = functools.partial(self._agree, rank)  # type: ignore[method-assign]
         return session
+
+    def _agree(self, rank: int, flag: int) -> int:
+        if rank == 0:
+            self._flag = flag
+            self.chief_waiting.set()
+        self._met.wait()
+        chosen = self._flag
+        self._met.wait()  # both read it before the next call sets it
+        return chosen
 
 
 def slow_loop(ctx: aistack.TrialContext) -> list[int]:
