@@ -49,7 +49,11 @@ its 16 callers as 16 threads of one process). Each measurement warms up for
 completed in the window over its length, p50 and p99 are of their latencies;
 a failed call counts for neither and is reported on its configuration's line.
 Every configuration runs ``--rounds`` times (3), the order reversed each
-round; the run with the median throughput counts, its latencies with it.
+round, and every round on server processes started for it (and stopped
+after it): one process of a configuration kept what it drew at its start
+for its life, and two processes of the same configuration measured side by
+side, seven rounds each, differed by up to 14%, more than the prediction log
+costs. The run with the median throughput counts, its latencies with it.
 
 Clients and servers share the machine's cores, as they would a node; the
 client's cost is the same for every server. On a machine with few cores that
@@ -106,6 +110,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -292,13 +297,32 @@ def _split(total: int, processes: int) -> list[int]:
     )
 
 
-def median_of(bench: Bench, rounds: int, configs: list[Config]) -> dict[Config, Result]:
-    """Each configuration's median round (``median_run``), in ``configs``' order."""
+def median_of(
+    bench: Bench,
+    rounds: int,
+    configs: list[Config],
+    start_round: Callable[[int], dict[str, Server]],
+) -> tuple[dict[Config, Result], tuple[float, float]]:
+    """Each configuration's median round (``median_run``), in ``configs``'
+    order, and the records the rounds' logged batched servers logged and
+    dropped. Every round runs on servers of its own (``start_round``),
+    stopped when it ends: a process keeps what it drew at its start (where
+    its threads, arenas and model landed) for its life, and two processes
+    of one configuration differed by as much as the prediction log costs."""
     runs: dict[Config, list[Result]] = {config: [] for config in configs}
+    logged = dropped = 0.0
     for round_number in range(rounds):
-        for config in round_order(configs, round_number):
-            runs[config].append(bench.measure(*config))
-    return {config: median_run(results) for config, results in runs.items()}
+        servers = start_round(round_number)
+        bench.servers = servers
+        try:
+            for config in round_order(configs, round_number):
+                runs[config].append(bench.measure(*config))
+            if AISTACK_BATCHED in servers:
+                round_logged, round_dropped = servers[AISTACK_BATCHED].logged()
+                logged, dropped = logged + round_logged, dropped + round_dropped
+        finally:
+            stop_all(list(servers.values()))
+    return {config: median_run(results) for config, results in runs.items()}, (logged, dropped)
 
 
 def median_run(results: list[Result]) -> Result:
@@ -424,38 +448,49 @@ def main() -> int:
         state = Path(tmp)
         try:
             # What needs no model starts first: its imports overlap with the export.
-            if KSERVE in targets:
-                servers[KSERVE] = start_kserve(state, args.threads)
+            first_kserve = start_kserve(state, args.threads) if KSERVE in targets else None
+            if first_kserve is not None:
+                servers[KSERVE] = first_kserve
             clients = [Worker(client_main) for _ in range(CLIENT_PROCESSES)]
             workers.extend(clients)
             floor = Worker(floor_main, args.threads) if IN_PROCESS in targets else None
             if floor is not None:
                 workers.append(floor)
             exported = export_model(state / "export")
-            if KSERVE in targets:
-                servers[KSERVE].give_model(exported.path)
             if floor is not None:
                 floor.send("load", str(exported.path))
             # svc_model finds the model on start-up, replaying the topic.
             publish_model(topics, exported)
-            for name in AISTACK_TARGETS:
-                if name in targets:
-                    servers[name] = start_aistack(name, topics, state, args.threads)
             for worker in workers:
                 if worker is not floor:
                     worker.send("ping", "")
                 worker.answer(START_TIMEOUT)
-            for server in servers.values():
-                server.wait_for_port(START_TIMEOUT)
-            check(clients, servers, exported)
-            bench = Bench(clients, floor, servers, exported.images, args.warmup, args.duration)
+
+            def start_round(round_number: int) -> dict[str, Server]:
+                """Every server this run measures, started afresh for the round
+                (KServe's first at once, above), answering as in-process."""
+                directory = state / f"round-{round_number}"
+                directory.mkdir()
+                servers.clear()
+                if KSERVE in targets:
+                    kserve = first_kserve if round_number == 0 else None
+                    servers[KSERVE] = kserve or start_kserve(directory, args.threads)
+                    servers[KSERVE].give_model(exported.path)
+                for name in AISTACK_TARGETS:
+                    if name in targets:
+                        servers[name] = start_aistack(name, topics, directory, args.threads)
+                for server in servers.values():
+                    server.wait_for_port(START_TIMEOUT)
+                check(clients, servers, exported)
+                return dict(servers)
+
+            bench = Bench(clients, floor, {}, exported.images, args.warmup, args.duration)
             print(
                 f"digits CNN (default hyperparameters), {os.cpu_count()} cores, torch threads "
                 f"{args.threads or 'default'}, {args.rounds} rounds of {args.warmup:g} s "
-                f"warm-up + {args.duration:g} s, median round:"
+                f"warm-up + {args.duration:g} s, each on servers of its own, median round:"
             )
-            counted = median_of(bench, args.rounds, configs)
-            log = servers[AISTACK_BATCHED].logged() if AISTACK_BATCHED in servers else (0.0, 0.0)
+            counted, log = median_of(bench, args.rounds, configs, start_round)
         except (RuntimeError, AistackError) as exc:  # AistackError: no broker, mostly
             print(f"serving: {exc}", file=sys.stderr)
             for server in servers.values():
