@@ -7,6 +7,7 @@ finds the repository rebuilt (ServerReady is true from the first call).
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -108,5 +109,5 @@ def _prediction_log(
         logged=metrics.predictions_logged,
         dropped=metrics.prediction_log_dropped,
     )
-    prediction_log.start()
+    prediction_log.start(asyncio.get_running_loop())
     return prediction_log

@@ -3,6 +3,7 @@ sampling, and what is dropped (and counted) instead of waited for."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import struct
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from shared.errors import ConfigError
 from shared.settings import KafkaSettings, load_settings
 from svc_model.metrics import ModelMetrics
 from svc_model.prediction_log import (
+    CHUNK,
     DELIVERY_FAILED,
     QUEUE_FULL,
     SHUTDOWN,
@@ -259,14 +261,48 @@ def test_a_full_queue_drops_and_counts_instead_of_waiting(counted: Counted) -> N
 def test_close_publishes_what_is_queued_and_counts_what_was_not_delivered(
     counted: Counted,
 ) -> None:
+    async def started_then_closed() -> None:
+        log.start(asyncio.get_running_loop())
+        log.offer(by_entity())
+        log.close(timeout=1)
+
     sink = FakeSink()
     sink.left = 2
     log = make_log(sink, counted)
-    log.start()
-    log.offer(by_entity())
-    log.close(timeout=1)
+    asyncio.run(started_then_closed())
     assert len(sink.sent) == 1
     assert counted.dropped(SHUTDOWN) == 2
+
+
+def test_the_loop_publishes_a_chunk_a_turn_and_other_callbacks_run_between(
+    counted: Counted,
+) -> None:
+    """What queued is published without anyone draining, and a backlog goes
+    out a chunk at a time with the loop's other work between the chunks."""
+    sink = FakeSink()
+    log = PredictionLog(
+        sink,
+        Sampler(1.0, 1.0),
+        capacity=1_000,
+        logged=counted.metrics.predictions_logged,
+        dropped=counted.metrics.prediction_log_dropped,
+        interval=0.01,
+    )
+    sent_at_each_tick: list[int] = []
+
+    async def serve_a_backlog() -> None:
+        log.start(asyncio.get_running_loop())
+        for _ in range(3 * CHUNK + 1):
+            log.offer(by_entity())
+        while len(sink.sent) < 3 * CHUNK + 1:
+            sent_at_each_tick.append(len(sink.sent))
+            await asyncio.sleep(0)
+        log.close(timeout=1)
+
+    asyncio.run(asyncio.wait_for(serve_a_backlog(), timeout=10))
+    published = sorted(set(sent_at_each_tick) - {0})
+    assert published[:3] == [CHUNK, 2 * CHUNK, 3 * CHUNK]
+    assert counted.logged() == 3 * CHUNK + 1
 
 
 def test_an_unbuildable_record_is_dropped_not_raised(counted: Counted) -> None:
