@@ -35,7 +35,6 @@ from typing import Any, Protocol
 import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka import Message as KafkaMessage
-from google.protobuf.timestamp_pb2 import Timestamp
 from numpy.typing import NDArray
 from prometheus_client import Counter
 
@@ -116,12 +115,12 @@ def inputs_sha256(tensors: Iterable[tuple[str, str, Sequence[int], bytes]]) -> s
     4-byte length), so typed and raw contents of the same values digest the
     same. Each string and the bytes are length-prefixed (u32 and u64,
     little-endian) and the shape is its rank (u32) then its dims (i64)."""
-    digest = hashlib.sha256()
+    framed: list[bytes] = []
     for name, datatype, shape, data in tensors:
-        digest.update(_framing(name, datatype, tuple(shape)))
-        digest.update(_U64.pack(len(data)))
-        digest.update(data)
-    return digest.hexdigest()
+        framed += (_framing(name, datatype, tuple(shape)), _U64.pack(len(data)), data)
+    # One call over the joined bytes: a tensor's are a few hundred bytes, and
+    # each update is a call of its own.
+    return hashlib.sha256(b"".join(framed)).hexdigest()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -140,16 +139,18 @@ def build_record(prediction: Prediction) -> PredictionLogged:
     """The ``PredictionLogged`` for one served prediction. Outputs are
     flattened (row-major) to doubles; outputs that are not numbers (BYTES)
     keep their name and no values."""
-    seconds, nanos = divmod(prediction.served_ns, 1_000_000_000)
     record = PredictionLogged(
         request_id=prediction.request_id,
         model_name=prediction.model_name,
         model_version=prediction.model_version,
         entity_id=prediction.entity_id,
         latency_us=prediction.latency_us,
-        served_time=Timestamp(seconds=seconds, nanos=nanos),
         role=prediction.role,  # type: ignore[arg-type]
     )
+    # Set in place: a Timestamp built apart is copied in (the record is built
+    # on the event loop, between requests, for every one logged).
+    served = record.served_time
+    served.seconds, served.nanos = divmod(prediction.served_ns, 1_000_000_000)
     window = prediction.window
     if window is not None:
         record.window_key = window.window_key
@@ -167,8 +168,11 @@ def build_record(prediction: Prediction) -> PredictionLogged:
     add_output = record.outputs.add
     for name in prediction.output_names:
         array = prediction.outputs[name]
-        if array.dtype.kind in "biuf":
-            add_output(name=name, values=array.astype(np.float64, copy=False).ravel().tolist())
+        kind = array.dtype.kind
+        if kind == "f":  # a float's Python value is its double, exactly
+            add_output(name=name, values=array.ravel().tolist())
+        elif kind in "biu":
+            add_output(name=name, values=array.astype(np.float64).ravel().tolist())
         else:
             add_output(name=name)
     return record
@@ -248,7 +252,7 @@ class KafkaSink:
         self._template = envelope.HeaderTemplate(type_name(PredictionLogged), source)
 
     def send(self, key: str, value: bytes) -> str | None:
-        _, headers = self._template.build_fresh()
+        headers = self._template.fresh()
         try:
             self._producer.produce(self._topic, value, key, headers=headers)  # type: ignore[arg-type]
         except BufferError:

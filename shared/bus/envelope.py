@@ -82,6 +82,15 @@ class HeaderTemplate:
         event_id = new_event_id()
         return event_id, self.build(event_id, new_traceparent())
 
+    def fresh(self) -> Headers:
+        """``build_fresh``'s headers alone, formatted as bytes at once (a
+        producer of a record a request, which never reads the id, pays a
+        third less)."""
+        headers = self._constant.copy()
+        headers.append((ID, b"%032x" % (_bits(128) or 1)))
+        headers.append((TRACEPARENT, b"00-%032x-%016x-01" % (_bits(128) or 1, _bits(64) or 1)))
+        return headers
+
     def build(self, event_id: str, traceparent: str) -> Headers:
         headers = self._constant.copy()
         headers.append((ID, event_id.encode()))

@@ -139,3 +139,16 @@ def test_fresh_headers_have_a_new_event_id_and_trace() -> None:
     assert parsed.event_id == first_id and len(first_id) == 32 and first_id != second_id
     assert TRACEPARENT.match(parsed.traceparent)
     assert parsed.message_type == "aistack.v1.TrialReport" and parsed.source == "svc_trainer"
+
+
+def test_fresh_headers_formatted_at_once_are_the_same_envelope() -> None:
+    template = envelope.HeaderTemplate("aistack.v1.PredictionLogged", "svc_model")
+    first, second = (
+        envelope.parse_headers(template.fresh()),
+        envelope.parse_headers(template.fresh()),
+    )
+    _, built = template.build_fresh()
+    assert [key for key, _ in template.fresh()] == [key for key, _ in built]
+    assert re.fullmatch("[0-9a-f]{32}", first.event_id) and first.event_id != second.event_id
+    assert TRACEPARENT.match(first.traceparent) and first.traceparent != second.traceparent
+    assert first.message_type == "aistack.v1.PredictionLogged" and first.source == "svc_model"

@@ -163,6 +163,16 @@ def test_bytes_outputs_keep_their_name_and_no_values() -> None:
     assert output.name == "words" and not output.values
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int64", "uint8", "bool"])
+def test_numeric_outputs_are_logged_as_the_doubles_of_their_values(dtype: str) -> None:
+    served = np.array([[0.1, 2.5, -3.0], [7.0, 0.0, 1.0]]).astype(dtype)
+    prediction = by_tensors(
+        request(X, [1], raw=False), outputs={"out": served}, output_names=("out",)
+    )
+    [output] = build_record(prediction).outputs
+    assert list(output.values) == [float(value) for value in served.ravel()]
+
+
 def test_sampling_follows_each_kind_of_request_its_own_fraction() -> None:
     draws = iter([0.0, 0.5, 0.99, 0.05, 0.1, 0.999999])
     sampler = Sampler(entity_fraction=1.0, tensor_fraction=0.1, draw=lambda: next(draws))
