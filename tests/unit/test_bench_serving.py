@@ -119,23 +119,56 @@ def test_a_configuration_counts_its_median_round_whole() -> None:
     assert serving.median_run(runs[:2]) is runs[0]  # an even count: the lower middle
 
 
-def test_every_round_measures_every_configuration_and_the_median_counts() -> None:
+def test_every_round_measures_every_configuration_on_servers_of_its_own() -> None:
     configs = [(AISTACK_BATCHED, 16), (KSERVE, 16)]
     throughputs = {
         AISTACK_BATCHED: iter([2_000.0, 1_800.0, 1_900.0]),
         KSERVE: iter([1_000.0, 1_200.0, 1_100.0]),
     }
-    measured: list[tuple[str, int]] = []
+    measured: list[tuple[int, str, int]] = []
+    started: list[dict[str, RoundServer]] = []
 
     class Measured:
+        def __init__(self) -> None:
+            self.servers: dict[str, RoundServer] = {}
+
         def measure(self, target: str, concurrency: int) -> serving.Result:
-            measured.append((target, concurrency))
+            assert not self.servers[target].stopped  # the round's own, still up
+            measured.append((len(started) - 1, target, concurrency))
             return result(next(throughputs[target]))
 
-    counted = serving.median_of(Measured(), 3, configs)  # type: ignore[arg-type]
-    assert sorted(measured) == sorted(configs * 3)
+    def start_round(round_number: int) -> dict[str, RoundServer]:
+        assert round_number == len(started)
+        assert all(server.stopped for servers in started for server in servers.values())
+        started.append({AISTACK_BATCHED: RoundServer(logged=10.0), KSERVE: RoundServer()})
+        return started[-1]
+
+    counted, log = serving.median_of(Measured(), 3, configs, start_round)  # type: ignore[arg-type]
+    assert sorted(measured) == sorted((r, *config) for r in range(3) for config in configs)
+    assert all(server.stopped for servers in started for server in servers.values())
     assert list(counted) == configs
     assert (counted[configs[0]].throughput, counted[configs[1]].throughput) == (1_900.0, 1_100.0)
+    assert log == (30.0, 3.0)  # the logged servers' counts, summed over the rounds
+
+
+class RoundServer:
+    """What median_of asks of a round's server: its log's counts, and to stop."""
+
+    def __init__(self, logged: float = 0.0) -> None:
+        self.stopped = False
+        self._logged = logged
+
+    def logged(self) -> tuple[float, float]:
+        return self._logged, 1.0
+
+    def ask_to_stop(self) -> None:
+        self.stopped = True
+
+    def wait(self, timeout: float) -> None:
+        pass
+
+    def kill(self) -> None:
+        self.stopped = True
 
 
 def test_each_target_is_started_once() -> None:
