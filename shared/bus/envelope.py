@@ -47,13 +47,21 @@ os.register_at_fork(after_in_child=_generator.seed)
 _bits = _generator.getrandbits
 
 
+# An event id (128 bits in hex) and a fresh W3C trace context (version 00,
+# random trace and span ids, sampled), as text and as header bytes.
+_EVENT_ID = "%032x"
+_TRACEPARENT = "00-%032x-%016x-01"
+_EVENT_ID_BYTES = _EVENT_ID.encode()
+_TRACEPARENT_BYTES = _TRACEPARENT.encode()
+
+
 def new_event_id() -> str:
-    return f"{_bits(128) or 1:032x}"
+    return _EVENT_ID % (_bits(128) or 1)
 
 
 def new_traceparent() -> str:
     """A fresh W3C trace context: version 00, random trace and span ids, sampled."""
-    return f"00-{_bits(128) or 1:032x}-{_bits(64) or 1:016x}-01"
+    return _TRACEPARENT % (_bits(128) or 1, _bits(64) or 1)
 
 
 def child_traceparent(parent: str) -> str:
@@ -87,8 +95,8 @@ class HeaderTemplate:
         producer of a record a request, which never reads the id, pays a
         third less)."""
         headers = self._constant.copy()
-        headers.append((ID, b"%032x" % (_bits(128) or 1)))
-        headers.append((TRACEPARENT, b"00-%032x-%016x-01" % (_bits(128) or 1, _bits(64) or 1)))
+        headers.append((ID, _EVENT_ID_BYTES % (_bits(128) or 1)))
+        headers.append((TRACEPARENT, _TRACEPARENT_BYTES % (_bits(128) or 1, _bits(64) or 1)))
         return headers
 
     def build(self, event_id: str, traceparent: str) -> Headers:
