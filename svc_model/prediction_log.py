@@ -292,7 +292,6 @@ class PredictionLog:
         self._dropped = dropped
         self._queue_full = dropped.labels(QUEUE_FULL)
         self._interval = interval
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._next: asyncio.Handle | None = None
         self._reported_unencodable = False
 
@@ -322,17 +321,15 @@ class PredictionLog:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Publish from ``loop``, the one whose requests ``offer``, from now
         until ``close``."""
-        self._loop = loop
-        self._next = loop.call_later(self._interval, self._turn)
+        self._next = loop.call_later(self._interval, self._turn, loop)
 
-    def _turn(self) -> None:
-        assert self._loop is not None
+    def _turn(self, loop: asyncio.AbstractEventLoop) -> None:
         self.drain(limit=CHUNK)
         # What is left waits behind the requests that queued meanwhile.
         if self._pending:
-            self._next = self._loop.call_soon(self._turn)
+            self._next = loop.call_soon(self._turn, loop)
         else:
-            self._next = self._loop.call_later(self._interval, self._turn)
+            self._next = loop.call_later(self._interval, self._turn, loop)
 
     def drain(self, limit: int = 0) -> int:
         """Build and send the queued predictions, at most ``limit`` (0: all);

@@ -22,6 +22,7 @@ from svc_model.metrics import ModelMetrics
 from svc_model.prediction_log import (
     CHUNK,
     DELIVERY_FAILED,
+    DRAIN_INTERVAL_S,
     QUEUE_FULL,
     SHUTDOWN,
     KafkaSink,
@@ -226,7 +227,9 @@ def counted() -> Counted:
     return Counted()
 
 
-def make_log(sink: FakeSink, counted: Counted, capacity: int = 100) -> PredictionLog:
+def make_log(
+    sink: FakeSink, counted: Counted, capacity: int = 100, interval: float = DRAIN_INTERVAL_S
+) -> PredictionLog:
     metrics = counted.metrics
     return PredictionLog(
         sink,
@@ -234,6 +237,7 @@ def make_log(sink: FakeSink, counted: Counted, capacity: int = 100) -> Predictio
         capacity=capacity,
         logged=metrics.predictions_logged,
         dropped=metrics.prediction_log_dropped,
+        interval=interval,
     )
 
 
@@ -290,14 +294,7 @@ def test_the_loop_publishes_a_chunk_a_turn_and_other_callbacks_run_between(
     """What queued is published without anyone draining, and a backlog goes
     out a chunk at a time with the loop's other work between the chunks."""
     sink = FakeSink()
-    log = PredictionLog(
-        sink,
-        Sampler(1.0, 1.0),
-        capacity=1_000,
-        logged=counted.metrics.predictions_logged,
-        dropped=counted.metrics.prediction_log_dropped,
-        interval=0.01,
-    )
+    log = make_log(sink, counted, capacity=1_000, interval=0.01)
     sent_at_each_tick: list[int] = []
 
     async def serve_a_backlog() -> None:
