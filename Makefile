@@ -20,7 +20,7 @@ EXTRAS ?= dev ingest transform monitor tuner tuner-gp $(FRAMEWORKS) client dashb
 STAMPS := .setup-stamps
 PROTOS := $(shell find proto -name '*.proto')
 
-.PHONY: help demo setup system-deps venv proto bytecode jars test test-unit test-integration lint bench gpu-check docs docs-serve infra-up infra-down clean
+.PHONY: help demo setup system-deps venv proto native bytecode jars test test-unit test-integration lint bench gpu-check docs docs-serve infra-up infra-down clean
 
 help:
 	@echo "make demo     set up, then run the whole stack end to end (DEMO_ARGS=--keep leaves it up)"
@@ -32,7 +32,7 @@ help:
 	@echo "make docs     the documentation site (docs/, MkDocs) into site/; make docs-serve serves it while you edit"
 	@echo "make proto    regenerate shared/contracts from proto/"
 
-setup: system-deps venv proto jars bytecode
+setup: system-deps venv proto native jars bytecode
 
 # Java 17 (Kafka's broker, Spark; the JDK compiles svc_transform's functions),
 # Maven (fetches the jars once) and redis-server: installed from Debian's
@@ -80,6 +80,11 @@ $(UV):
 # project's own code, generated contracts included.
 venv: | $(UV)
 	@UV_PYTHON_DOWNLOADS=never $(UV) sync --quiet --frozen --compile-bytecode --python $(PYTHON) $(addprefix --extra ,$(EXTRAS))
+
+# svc_ingest's compiled path for the common sensor reading (svc_ingest/sensor_bytes.py);
+# rebuilt when its source is newer.
+native: | venv
+	@$(PY) -m svc_ingest.sensor_bytes_build
 
 bytecode: proto
 	@$(PY) -m compileall -q -j 0 shared aistack compose demo loadgen bench $(wildcard svc_*)

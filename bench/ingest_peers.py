@@ -87,7 +87,7 @@ class Output:
     headers: Headers
 
 
-class _Forgetful(DedupWindow):
+class Forgetful(DedupWindow):
     """A dedup window that remembers nothing: every event is a first sighting."""
 
     def __init__(self) -> None:
@@ -107,7 +107,7 @@ class RecordOutputs:
     def __init__(self, settings: IngestSettings) -> None:
         self._handler = RecordHandler(
             Cleaner(settings.cleaning_rules()),
-            _Forgetful(),
+            Forgetful(),
             source_topic=settings.source_topic,
             clean_topic=settings.clean_topic,
             dlq_topic=settings.dlq_topic,

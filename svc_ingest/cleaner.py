@@ -92,6 +92,10 @@ class Cleaner:
         self._specs: dict[tuple[Any, Any], MeasurementSpec] = {}
         self._shapes = SensorShapes(rules, self.measurement_spec)
 
+    @property
+    def rules(self) -> CleaningRules:
+        return self._rules
+
     def clean_all(
         self, value: bytes | None, key: bytes | None, content_type: str, now_us: int
     ) -> list[events_pb2.CleanEvent]:

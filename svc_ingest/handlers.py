@@ -16,7 +16,9 @@ from shared.bus.deadletter import dead_letter, dead_letter_headers
 from shared.contracts.aistack.v1 import events_pb2
 from svc_ingest.cleaner import Cleaner
 from svc_ingest.dedup import DedupWindow
+from svc_ingest.payload import reads_as_json_object
 from svc_ingest.rejection import RecordRejected
+from svc_ingest.sensor_bytes import compiled
 
 SERVICE = "svc_ingest"
 #: Before a dead letter's id in the dedup window: event ids are printable
@@ -64,6 +66,14 @@ class RecordHandler:
         self._dlq_topic = dlq_topic
         self._clean_headers = envelope.HeaderTemplate(type_name(events_pb2.CleanEvent), SERVICE)
         self._dlq_headers = envelope.HeaderTemplate(type_name(events_pb2.DeadLetter), SERVICE)
+        self._compiled = compiled(cleaner, source_topic)
+        # Whether a content type reads as a JSON object, per content type seen.
+        self._json: dict[str, bool] = {}
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the common sensor reading takes the compiled path."""
+        return self._compiled is not None
 
     def handle(
         self,
@@ -81,6 +91,10 @@ class RecordHandler:
             pairs = list(headers.items() if isinstance(headers, Mapping) else headers or ())
         content_type, parent = envelope.content_type_and_trace(pairs)
         now_ms = now_us // 1000
+        if self._compiled is not None and value and self._reads_as_json(content_type):
+            outcome = self._compiled_outcome(value, partition, offset, now_us, parent)
+            if outcome is not None:
+                return outcome
         try:
             events = self._cleaner.clean_all(value, key, content_type, now_us)
         except RecordRejected as rejected:
@@ -142,6 +156,29 @@ class RecordHandler:
             event.SerializeToString(),
             self._clean_headers.build(event.event_id, trace),
         )
+
+    def _compiled_outcome(
+        self, value: bytes, partition: int, offset: int, now_us: int, parent: str
+    ) -> Outcome | None:
+        """The outcome of the common sensor reading, off the compiled path;
+        None where the Python path must decide."""
+        assert self._compiled is not None
+        found = self._compiled.clean(value, now_us, partition, offset)
+        if found is None:
+            return None
+        event_id, key, event = found
+        if not self._dedup.first_sighting(event_id.encode(), now_us // 1000, partition, offset):
+            return Outcome("duplicate", "", None, None, [], event_id=event_id)
+        headers = self._clean_headers.build(event_id, self._trace(parent))
+        return Outcome("clean", self._clean_topic, key, event, headers, event_id=event_id)
+
+    def _reads_as_json(self, content_type: str) -> bool:
+        found = self._json.get(content_type)
+        if found is None:
+            if len(self._json) >= 64:  # producers repeat a handful
+                self._json.clear()
+            found = self._json[content_type] = reads_as_json_object(content_type)
+        return found
 
     @staticmethod
     def _trace(parent: str) -> str:

@@ -98,6 +98,13 @@ def decode(value: bytes | None, content_type: str, rules: CleaningRules) -> Payl
     return _detect(value, rules)
 
 
+def reads_as_json_object(content_type: str) -> bool:
+    """Whether ``decode`` reads a value under ``content_type`` as JSON (not
+    SenML) when it starts with ``{``: a JSON media type, or none at all."""
+    kind = _media_type(content_type)
+    return not kind or kind in JSON_TYPES
+
+
 def _media_type(content_type: str) -> str:
     if not content_type:
         return ""

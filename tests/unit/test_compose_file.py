@@ -174,6 +174,7 @@ def test_dockerfile_builds_what_the_services_need() -> None:
     assert "grpcio-tools" in text
     assert "openjdk-17-jre-headless" in text  # Spark's driver in the transform image
     assert "-m svc_transform.jars" in text  # its Kafka connector via Maven, its functions
+    assert "-m svc_ingest.sensor_bytes_build" in text  # the cleaner's compiled path
     # Settings the image itself sets (where the jars it built are) are real ones.
     image_settings = set(re.findall(r"\b(AISTACK_[A-Z0-9_]+)=", text))
     assert image_settings <= settings_catalog.env_names(), image_settings
