@@ -29,6 +29,6 @@ def build() -> Path:
 
 if __name__ == "__main__":
     try:
-        print(f"built {build().relative_to(Path.cwd())}")
+        print(f"built {build()}")
     except (OSError, subprocess.CalledProcessError) as exc:
         sys.exit(f"svc_ingest._sensor_bytes: build failed: {exc}")
