@@ -395,6 +395,9 @@ typedef struct {
     Spec *specs; /* SPEC_SLOTS slots; key NULL when free */
     int spec_count;
     Scratch *scratch; /* one record's parse, kept: it is large */
+    /* In clean: spec_of is Python, and may let another thread in, which
+     * must not reuse the scratch or the table meanwhile (it declines). */
+    int busy;
 } Cleaner;
 
 static uint64_t hash_key(const char *p, size_t n) {
@@ -756,10 +759,11 @@ static PyObject *encode(Cleaner *self, const char *event_id, Py_ssize_t id_len,
     return result;
 }
 
-static PyObject *decline(Scratch *scratch) {
-    (void)scratch;
-    Py_RETURN_NONE;
-}
+static PyObject *decline(void) { Py_RETURN_NONE; }
+
+static PyObject *clean_record(Cleaner *self, Scratch *scratch, const char *value,
+                              Py_ssize_t size, long long now_us, long partition,
+                              long long offset);
 
 static PyObject *Cleaner_clean(Cleaner *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 || !PyBytes_Check(args[0])) {
@@ -783,32 +787,42 @@ static PyObject *Cleaner_clean(Cleaner *self, PyObject *const *args, Py_ssize_t 
     if (brackets > self->max_nesting)
         Py_RETURN_NONE;
 
+    if (self->busy)
+        Py_RETURN_NONE;
     /* Specs are cleared between records only: a record's readings point at them. */
     if (self->spec_count >= SPEC_LIMIT)
         clear_specs(self);
-    Scratch *scratch = self->scratch;
+    self->busy = 1;
+    PyObject *result = clean_record(self, self->scratch, value, size, now_us, partition, offset);
+    self->busy = 0;
+    return result;
+}
+
+static PyObject *clean_record(Cleaner *self, Scratch *scratch, const char *value,
+                              Py_ssize_t size, long long now_us, long partition,
+                              long long offset) {
     Doc *d = &scratch->doc;
     d->s = value;
     d->end = value + size;
     d->nm = d->no = 0;
     if (parse_object(d, 1) != 0)
-        return decline(scratch);
+        return decline();
     skip_blanks(d);
     if (d->s != d->end)
-        return decline(scratch);
+        return decline();
 
     /* SensorShapes._plan */
     Member *metrics = find(d, 0, "metrics");
     if (!metrics || first_of(d, KIND) || (find(d, 0, "fields") && find(d, 0, "name")))
-        return decline(scratch);
+        return decline();
     Member *when = first_of(d, TIME), *device = first_of(d, DEVICE);
     Member *given_id = first_of(d, EVENT_ID), *attributes = find(d, 0, "attributes");
     if (!when || !device)
-        return decline(scratch);
+        return decline();
 
     /* SensorShapes._fill */
     if (metrics->kind != K_OBJ || d->o[metrics->obj].count == 0)
-        return decline(scratch);
+        return decline();
     char id[512], entity[512];
     Py_ssize_t max_id = self->max_id_length < (Py_ssize_t)sizeof id ? self->max_id_length
                                                                      : (Py_ssize_t)sizeof id;
@@ -816,34 +830,34 @@ static PyObject *Cleaner_clean(Cleaner *self, PyObject *const *args, Py_ssize_t 
     if (given_id && given_id->kind != K_NULL) {
         id_len = identifier(given_id, id, max_id);
         if (!id_len)
-            return decline(scratch);
+            return decline();
     }
     int64_t event_us;
     if (!epoch_micros(when, &event_us) || event_us > now_us + self->max_future_skew_us)
-        return decline(scratch);
+        return decline();
     int nattributes = 0;
     Attribute *out = scratch->attributes;
     if (attributes && attributes->kind != K_NULL) {
         if (attributes->kind != K_OBJ)
-            return decline(scratch);
+            return decline();
         for (int at = d->o[attributes->obj].first; at >= 0; at = d->m[at].next) {
             if (nattributes >= MAX_ATTRIBUTES)
-                return decline(scratch);
+                return decline();
             Attribute *a = &out[nattributes++];
             a->key = d->m[at].key;
             a->key_len = d->m[at].key_len;
             if (!attribute_text(&d->m[at], &a->value, &a->value_len))
-                return decline(scratch);
+                return decline();
         }
     }
     Py_ssize_t entity_len = identifier(device, entity, max_id);
     if (!entity_len)
-        return decline(scratch);
+        return decline();
 
     /* SensorShapes._add_measurements */
     Object *named = &d->o[metrics->obj];
     if (named->count > self->max_metrics || named->count > MAX_READINGS)
-        return decline(scratch);
+        return decline();
     int nreadings = 0;
     for (int at = named->first; at >= 0; at = d->m[at].next) {
         Member *given = &d->m[at], *raw = given;
@@ -853,7 +867,7 @@ static PyObject *Cleaner_clean(Cleaner *self, PyObject *const *args, Py_ssize_t 
         if (given->kind == K_OBJ) {
             raw = find(d, given->obj, "value");
             if (!raw)
-                return decline(scratch);
+                return decline();
             Member *stated = find(d, given->obj, "unit");
             if (stated && stated->kind == K_STR) {
                 unit = stated->text;
@@ -861,7 +875,7 @@ static PyObject *Cleaner_clean(Cleaner *self, PyObject *const *args, Py_ssize_t 
             } else if (stated && stated->kind == K_NULL) {
                 unit_flag = 'n';
             } else if (stated) {
-                return decline(scratch);
+                return decline();
             }
         }
         double reading;
@@ -870,19 +884,19 @@ static PyObject *Cleaner_clean(Cleaner *self, PyObject *const *args, Py_ssize_t 
         else if (raw->kind == K_INT)
             reading = (double)raw->i;
         else
-            return decline(scratch);
+            return decline();
         Spec *spec = resolve(self, given, unit_flag, unit, unit_len);
         if (!spec)
-            return decline(scratch);
+            return decline();
         if (spec->convert)
             reading = reading * spec->scale + spec->offset;
         if (spec->bounded && !(spec->low <= reading && reading <= spec->high))
-            return decline(scratch);
+            return decline();
         for (int i = 0; i < nreadings; i++) {
             Spec *other = scratch->readings[i].spec;
             if (other->metric_len == spec->metric_len &&
                 memcmp(other->metric, spec->metric, spec->metric_len) == 0)
-                return decline(scratch); /* one metric twice */
+                return decline(); /* one metric twice */
         }
         scratch->readings[nreadings].spec = spec;
         scratch->readings[nreadings].value = reading;
@@ -893,16 +907,15 @@ static PyObject *Cleaner_clean(Cleaner *self, PyObject *const *args, Py_ssize_t 
         if (sensor_key(m))
             continue;
         if (nattributes >= MAX_ATTRIBUTES)
-            return decline(scratch);
+            return decline();
         Attribute *a = &out[nattributes++];
         a->key = m->key;
         a->key_len = m->key_len;
         if (!attribute_text(m, &a->value, &a->value_len))
-            return decline(scratch);
+            return decline();
     }
-    PyObject *result = encode(self, id, id_len, entity, entity_len, event_us, now_us, partition,
-                              offset, scratch->readings, nreadings, out, nattributes);
-    return result;
+    return encode(self, id, id_len, entity, entity_len, event_us, now_us, partition, offset,
+                  scratch->readings, nreadings, out, nattributes);
 }
 
 static PyMethodDef Cleaner_methods[] = {
