@@ -35,13 +35,14 @@ help:
 setup: system-deps venv proto native jars bytecode
 
 # Java 17 (Kafka's broker, Spark; the JDK compiles svc_transform's functions),
-# Maven (fetches the jars once) and redis-server: installed from Debian's
-# packages where we can, else one line says how.
+# Maven (fetches the jars once), redis-server and gcc (svc_ingest's C path):
+# installed from Debian's packages where we can, else one line says how.
 system-deps:
 	@missing=""; \
 	command -v javac >/dev/null || missing="$$missing openjdk-17-jdk-headless"; \
 	command -v mvn >/dev/null || missing="$$missing maven"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v gcc >/dev/null || missing="$$missing gcc"; \
 	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	    echo "installing$$missing"; \

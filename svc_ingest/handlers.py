@@ -1,6 +1,7 @@
 """One raw record in, one outcome out: clean events, a dead letter, or a duplicate.
 
-Thin: the cleaning is ``Cleaner``'s, the memory of ids ``DedupWindow``'s; this
+Thin: the cleaning is ``Cleaner``'s (the common JSON sensor reading's, where
+it is built, ``sensor_bytes``'), the memory of ids ``DedupWindow``'s; this
 module only picks the outcome and builds the record to publish.
 """
 
@@ -69,11 +70,6 @@ class RecordHandler:
         self._compiled = compiled(cleaner, source_topic)
         # Whether a content type reads as a JSON object, per content type seen.
         self._json: dict[str, bool] = {}
-
-    @property
-    def compiled(self) -> bool:
-        """Whether the common sensor reading takes the compiled path."""
-        return self._compiled is not None
 
     def handle(
         self,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from bench.ingest_peers import Forgetful
 from bench.services import sensor_event
 from shared.contracts.aistack.v1 import events_pb2
-from svc_ingest import fields, sensor_bytes
+from svc_ingest import fields, payload, sensor_bytes
 from svc_ingest.cleaner import Cleaner
 from svc_ingest.handlers import RecordHandler
 from svc_ingest.rules import CleaningRules
@@ -233,3 +233,27 @@ def test_every_cut_of_a_reading_is_declined_or_agrees() -> None:
 @given(value=st.binary(max_size=300) | st.text(max_size=200).map(str.encode))
 def test_any_bytes_are_declined_or_agree(value: bytes) -> None:
     compare(b"{" + value)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "compiled"),
+    [
+        ("", True),
+        ("application/json", True),
+        ("Application/JSON; charset=utf-8", True),
+        ("application/cloudevents+json", True),
+        ("application/senml+json", False),  # a SenML pack is an array: rejected
+        ("text/plain", False),
+        ("application/x-protobuf", False),
+    ],
+)
+def test_only_what_decode_reads_as_json_takes_the_compiled_path(
+    content_type: str, compiled: bool
+) -> None:
+    value = dumps(READING, 0)
+    handler, python = handlers()
+    found = handler.handle(0, 1, b"k", value, [("content-type", content_type.encode())], NOW_US)
+    expected = python.handle(0, 1, b"k", value, [("content-type", content_type.encode())], NOW_US)
+    assert (found.kind, found.reason, found.key) == (expected.kind, expected.reason, expected.key)
+    assert (found.kind == "clean") is compiled
+    assert payload.reads_as_json_object(content_type) is compiled
