@@ -5,7 +5,7 @@
  * rejects: whatever is not plainly the common shape goes to the Python
  * path, which decides. What it accepts is, field for field, the event the
  * Python path builds (tests/unit/test_ingest_sensor_bytes.py holds it to
- * that on the corpus and on generated records).
+ * that on hand-written readings and on generated ones).
  *
  * Accepted: a JSON object of ASCII text with no escapes and no arrays, at
  * most three levels deep, no key twice in an object; the keys

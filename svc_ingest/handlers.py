@@ -88,7 +88,7 @@ class RecordHandler:
         content_type, parent = envelope.content_type_and_trace(pairs)
         now_ms = now_us // 1000
         if self._compiled is not None and value and self._reads_as_json(content_type):
-            outcome = self._compiled_outcome(value, partition, offset, now_us, parent)
+            outcome = self._compiled_outcome(value, partition, offset, now_us, now_ms, parent)
             if outcome is not None:
                 return outcome
         try:
@@ -154,7 +154,7 @@ class RecordHandler:
         )
 
     def _compiled_outcome(
-        self, value: bytes, partition: int, offset: int, now_us: int, parent: str
+        self, value: bytes, partition: int, offset: int, now_us: int, now_ms: int, parent: str
     ) -> Outcome | None:
         """The outcome of the common sensor reading, off the compiled path;
         None where the Python path must decide."""
@@ -163,7 +163,7 @@ class RecordHandler:
         if found is None:
             return None
         event_id, key, event = found
-        if not self._dedup.first_sighting(event_id.encode(), now_us // 1000, partition, offset):
+        if not self._dedup.first_sighting(event_id.encode(), now_ms, partition, offset):
             return Outcome("duplicate", "", None, None, [], event_id=event_id)
         headers = self._clean_headers.build(event_id, self._trace(parent))
         return Outcome("clean", self._clean_topic, key, event, headers, event_id=event_id)
