@@ -271,6 +271,7 @@ def _reconcile(
         admin.create_partitions([NewPartitions(name, partitions)], request_timeout=timeout)[
             name
         ].result()
+        _await_partitions(admin, name, partitions, timeout)
         changed = True
 
     resource = ConfigResource(ConfigResource.Type.TOPIC, name)
@@ -286,5 +287,40 @@ def _reconcile(
             ],
         )
         admin.incremental_alter_configs([resource])[resource].result()
+        _await_configured(admin, name, different, timeout)
         changed = True
     return "updated" if changed else "exists"
+
+
+def _await_partitions(admin: AdminClient, name: str, partitions: int, timeout: float) -> None:
+    # As with configs: the new partitions reach the answering broker's metadata
+    # a moment after the controller has committed them.
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = admin.list_topics(name, timeout=timeout).topics.get(name)
+        except KafkaException as exc:
+            raise Unavailable(f"Kafka did not answer: {exc}") from exc
+        if found is not None and len(found.partitions) >= partitions:
+            return
+        if time.monotonic() > deadline:
+            raise Unavailable(f"topic {name} was grown to {partitions} partitions but is not yet")
+        time.sleep(0.1)
+
+
+def _await_configured(
+    admin: AdminClient, name: str, wanted: Mapping[str, str], timeout: float
+) -> None:
+    # The controller acknowledges a change once it has committed it; the broker
+    # that answers describe_configs applies the metadata record a moment later.
+    # Return only when the caller's next look sees the spec.
+    deadline = time.monotonic() + timeout
+    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
+    while True:
+        current = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
+        stale = [k for k, v in wanted.items() if k not in current or current[k].value != v]
+        if not stale:
+            return
+        if time.monotonic() > deadline:
+            raise Unavailable(f"topic {name}: {stale} were set but are not in effect yet")
+        time.sleep(0.1)
