@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from shared.errors import ConfigError
 from shared.log import get_logger
@@ -101,42 +101,79 @@ def _refusing(handler: grpc.RpcMethodHandler | None, message: str) -> grpc.RpcMe
     return grpc.stream_stream_rpc_method_handler(abort_stream, **kwargs)
 
 
-class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
-    """Turns AistackError (and anything unexpected) into a status code, once.
+def mapping_errors(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    """``handler`` with AistackError (and anything unexpected) turned into a status code.
 
     The servicer raises domain errors; this maps them through
     ``shared.rpc.errors.STATUS_BY_ERROR`` and puts the reason in trailing
     metadata. Unexpected exceptions become INTERNAL and are logged.
     """
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
-        if handler is None:
-            return handler
-        method = details.method
-        kwargs = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary, method), **kwargs
-            )
-        if handler.stream_unary:
-            return grpc.stream_unary_rpc_method_handler(
-                _wrap_unary(handler.stream_unary, method), **kwargs
-            )
-        if handler.unary_stream:
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream, method), **kwargs
-            )
-        return grpc.stream_stream_rpc_method_handler(
-            _wrap_stream(handler.stream_stream, method), **kwargs
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(
+            _wrap_unary(handler.unary_unary, method), **kwargs
         )
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(
+            _wrap_unary(handler.stream_unary, method), **kwargs
+        )
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(
+            _wrap_stream(handler.unary_stream, method), **kwargs
+        )
+    return grpc.stream_stream_rpc_method_handler(
+        _wrap_stream(handler.stream_stream, method), **kwargs
+    )
+
+
+class _ErrorMappingRegistrar:
+    """The server as ``register`` and the health and reflection services see
+    it: every handler they add maps errors (``mapping_errors``), wrapped once
+    as it is added. An interceptor did this per call (an awaited hook and a
+    handler built afresh): on a server answering ModelInfer with a constant,
+    0.04 ms more server CPU and 0.05 ms more p50 a call (medians of six runs,
+    grpc 1.81, 2 cores), a tenth of that server's own cost."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_MappedGenericHandler(h) for h in handlers))
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        # grpc.aio (1.81) ignores these and serves the generic handlers that
+        # generated code adds as well; mapped too, for a grpc that does not.
+        self._server.add_registered_method_handlers(
+            service, {name: mapping_errors(h, f"/{service}/{name}") for name, h in handlers.items()}
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
+
+
+class _MappedGenericHandler(grpc.GenericRpcHandler):
+    """A generic handler whose method handlers map errors, each wrapped once."""
+
+    def __init__(self, inner: grpc.GenericRpcHandler) -> None:
+        self._inner = inner
+        self._mapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        handler = self._inner.service(details)
+        if handler is None:
+            return None
+        method = details.method
+        known = self._mapped.get(method)
+        if known is not None and known[0] is handler:
+            return known[1]
+        mapped = mapping_errors(handler, method)
+        self._mapped[method] = (handler, mapped)
+        return mapped
 
 
 async def _abort_for(error: Exception, context: grpc.aio.ServicerContext, method: str) -> None:
@@ -202,7 +239,6 @@ async def start_server(
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if options.auth_token:
         interceptors.append(TokenAuthInterceptor(options.auth_token, options.auth_exempt))
-    interceptors.append(ErrorMappingInterceptor())
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
@@ -211,11 +247,16 @@ async def start_server(
         ],
         maximum_concurrent_rpcs=options.max_concurrent_rpcs,
     )
-    register(server)
+    registrar: Any = _ErrorMappingRegistrar(server)
+    register(registrar)
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, registrar)
+    # The asyncio servicer: enable_server_reflection picks it only for a grpc.aio.Server itself.
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+        reflection.aio.ReflectionServicer(
+            [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+        ),
+        registrar,
     )
     credentials = options.credentials()
     if credentials is None:

@@ -41,6 +41,8 @@ async def _say(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
 async def _count(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
     for i in range(3):
         yield request + str(i).encode()
+    if request == b"bad":
+        raise BadTensor("the stream's fourth item is INT8")
 
 
 def _register(server: grpc.aio.Server) -> None:
@@ -52,6 +54,12 @@ def _register(server: grpc.aio.Server) -> None:
         },
     )
     server.add_generic_rpc_handlers((handler,))
+    # As generated code registers a service (grpc >= 1.62): both ways.
+    registered = {"Say": grpc.unary_unary_rpc_method_handler(_say)}
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("aistack.test.Registered", registered),)
+    )
+    server.add_registered_method_handlers("aistack.test.Registered", registered)
 
 
 def run(options: ServerOptions, client: Callable[[str], Awaitable[Any]]) -> Any:
@@ -117,7 +125,7 @@ def test_call_without_token_is_refused_and_with_it_passes() -> None:
 
 
 def test_domain_errors_map_to_status_codes_with_a_reason() -> None:
-    async def client(target: str) -> list[tuple[grpc.StatusCode, str, str]]:
+    async def client(target: str) -> list[tuple[grpc.StatusCode, str, str | None]]:
         out = []
         async with open_channel(target) as channel:
             for payload in (b"bad", b"bug"):
@@ -131,6 +139,31 @@ def test_domain_errors_map_to_status_codes_with_a_reason() -> None:
     bad, bug = run(ServerOptions(address="127.0.0.1:0"), client)
     assert bad == (grpc.StatusCode.INVALID_ARGUMENT, "expected FP32, got INT8", "bad_tensor")
     assert bug == (grpc.StatusCode.INTERNAL, "internal error", "internal")
+
+
+def test_errors_map_on_a_service_registered_as_generated_code_does_and_in_streams() -> None:
+    async def client(target: str) -> tuple[Any, ...]:
+        async with open_channel(target) as channel:
+            say = channel.unary_unary("/aistack.test.Registered/Say")
+            answer = bytes(await say(b"hi", timeout=10))
+            with pytest.raises(grpc.aio.AioRpcError) as unary:
+                await say(b"bad", timeout=10)
+            count = channel.unary_stream("/aistack.test.Echo/Count")
+            items = []
+            with pytest.raises(grpc.aio.AioRpcError) as stream:
+                async for item in count(b"bad", timeout=10):
+                    items.append(bytes(item))
+        return answer, unary.value, items, stream.value
+
+    answer, unary, items, stream = run(ServerOptions(address="127.0.0.1:0"), client)
+    assert answer == b"echo:hi"
+    assert unary.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert dict(unary.trailing_metadata() or ())[REASON_METADATA_KEY] == "bad_tensor"
+    assert items == [b"bad0", b"bad1", b"bad2"]
+    assert (stream.code(), stream.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "the stream's fourth item is INT8",
+    )
 
 
 def _make_certificates(directory: Path, ca: str = "aistack test CA") -> tuple[Path, Path, Path]:
