@@ -95,6 +95,8 @@ class InferenceCore:
         self._prediction_log = prediction_log
         self._in_flight = 0
         self._busy_until = 0.0
+        self._request_counters: dict[tuple[str, str], Any] = {}
+        self._latencies: dict[str, Any] = {}
         self._shadows_in_flight = 0
         # The shadow runs under way: held so that none is collected mid-run.
         self._shadow_tasks: set[asyncio.Task[None]] = set()
@@ -252,7 +254,7 @@ class InferenceCore:
         """Raises ResourceExhausted (over the concurrency limit), NotFound
         (model, version), InvalidArgument (inputs, outputs, parameters)."""
         if self._in_flight >= self.settings.max_concurrent_requests:
-            self._metrics.requests.labels(self._label(request), "RESOURCE_EXHAUSTED").inc()
+            self._requests_counted(self._label(request), "RESOURCE_EXHAUSTED").inc()
             raise ResourceExhausted(
                 f"{self._in_flight} requests in flight, the limit is "
                 f"{self.settings.max_concurrent_requests}: retry later"
@@ -272,15 +274,30 @@ class InferenceCore:
             self._in_flight -= 1
             self._metrics.in_flight.dec()
             label = self._label(request)
-            self._metrics.requests.labels(label, code).inc()
+            self._requests_counted(label, code).inc()
             if code == "OK":
-                self._metrics.latency.labels(label).observe(time.perf_counter() - started)
+                self._latency_of(label).observe(time.perf_counter() - started)
 
     def _label(self, request: pb.ModelInferRequest) -> str:
         # Names nobody loaded stay out of the label set (a scanner must not
         # be able to grow it without bound).
         name = request.model_name
-        return name if name in self.repository.names() else UNKNOWN_MODEL_LABEL
+        return name if self.repository.knows(name) else UNKNOWN_MODEL_LABEL
+
+    # A metric's child per label set, looked up once: ``labels()`` takes a
+    # lock and builds a tuple on every request otherwise. The label sets are
+    # bounded as the labels are (models known, status codes).
+    def _requests_counted(self, label: str, code: str) -> Any:
+        child = self._request_counters.get((label, code))
+        if child is None:
+            child = self._request_counters[label, code] = self._metrics.requests.labels(label, code)
+        return child
+
+    def _latency_of(self, label: str) -> Any:
+        child = self._latencies.get(label)
+        if child is None:
+            child = self._latencies[label] = self._metrics.latency.labels(label)
+        return child
 
     async def _infer(self, request: pb.ModelInferRequest, started: float) -> pb.ModelInferResponse:
         served = self.repository.resolve(request.model_name, request.model_version)

@@ -189,6 +189,10 @@ class Repository:
     def names(self) -> list[str]:
         return sorted(self._models)
 
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` is a model of the repository (``name in names()``, per request)."""
+        return name in self._models
+
     def loaded_versions(self, name: str) -> list[int]:
         model = self._models.get(name)
         return [] if model is None else sorted(model.loaded)
