@@ -1,6 +1,6 @@
 """``inference.GRPCInferenceService`` over the inference core: translation
 only. Errors raised by the core are mapped to status codes by the shared
-server's interceptor (NotFound → NOT_FOUND, InvalidArgument → INVALID_ARGUMENT …).
+server's error mapping (NotFound → NOT_FOUND, InvalidArgument → INVALID_ARGUMENT …).
 """
 
 from __future__ import annotations
