@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -274,9 +274,7 @@ def _reconcile(
         _await_partitions(admin, name, partitions, timeout)
         changed = True
 
-    resource = ConfigResource(ConfigResource.Type.TOPIC, name)
-    current = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
-    different = {k: v for k, v in wanted.items() if k not in current or current[k].value != v}
+    different = _differing(admin, name, wanted, timeout)
     if different:
         resource = ConfigResource(
             ConfigResource.Type.TOPIC,
@@ -295,17 +293,14 @@ def _reconcile(
 def _await_partitions(admin: AdminClient, name: str, partitions: int, timeout: float) -> None:
     # As with configs: the new partitions reach the answering broker's metadata
     # a moment after the controller has committed them.
-    deadline = time.monotonic() + timeout
-    while True:
+    def grown() -> bool:
         try:
             found = admin.list_topics(name, timeout=timeout).topics.get(name)
         except KafkaException as exc:
             raise Unavailable(f"Kafka did not answer: {exc}") from exc
-        if found is not None and len(found.partitions) >= partitions:
-            return
-        if time.monotonic() > deadline:
-            raise Unavailable(f"topic {name} was grown to {partitions} partitions but is not yet")
-        time.sleep(0.1)
+        return found is not None and len(found.partitions) >= partitions
+
+    _wait_until(grown, timeout, f"topic {name} was grown to {partitions} partitions but is not yet")
 
 
 def _await_configured(
@@ -314,13 +309,25 @@ def _await_configured(
     # The controller acknowledges a change once it has committed it; the broker
     # that answers describe_configs applies the metadata record a moment later.
     # Return only when the caller's next look sees the spec.
-    deadline = time.monotonic() + timeout
+    _wait_until(
+        lambda: not _differing(admin, name, wanted, timeout),
+        timeout,
+        f"topic {name}: {sorted(wanted)} were set but are not in effect yet",
+    )
+
+
+def _differing(
+    admin: AdminClient, name: str, wanted: Mapping[str, str], timeout: float
+) -> dict[str, str]:
+    """The entries of ``wanted`` the topic's configs do not hold (yet)."""
     resource = ConfigResource(ConfigResource.Type.TOPIC, name)
-    while True:
-        current = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
-        stale = [k for k, v in wanted.items() if k not in current or current[k].value != v]
-        if not stale:
-            return
+    current = admin.describe_configs([resource], request_timeout=timeout)[resource].result()
+    return {k: v for k, v in wanted.items() if k not in current or current[k].value != v}
+
+
+def _wait_until(done: Callable[[], bool], timeout: float, failure: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
         if time.monotonic() > deadline:
-            raise Unavailable(f"topic {name}: {stale} were set but are not in effect yet")
+            raise Unavailable(failure)
         time.sleep(0.1)
