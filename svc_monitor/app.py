@@ -124,6 +124,7 @@ class MonitorApp:
             s.kafka,
             topics=[s.windows_topic],
             message_cls=features_pb2.FeatureWindow,
+            timeout=max(deadline - time.monotonic(), 1.0),
             last=s.rebuild_records,
             reader=f"{SERVICE}.windows",
         )

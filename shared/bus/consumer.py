@@ -27,6 +27,7 @@ from confluent_kafka import Message as KafkaMessage
 from shared.bus import envelope
 from shared.bus.codec import MessageT, Rejected, decode, parse
 from shared.bus.lag import ConsumerLag
+from shared.bus.topics import cluster_metadata
 from shared.errors import Unavailable, UndecodableRecord
 from shared.log import get_logger
 from shared.settings import KafkaSettings
@@ -230,7 +231,9 @@ class BusTail(Generic[MessageT]):
     with ``since_ms``, from the first record whose timestamp is at or after
     it (a past of a given length);
     ``caught_up`` says when the records that were there at start have all
-    been read. Nothing is committed."""
+    been read. Nothing is committed. Raises Unavailable when Kafka does not
+    answer within ``timeout`` seconds (a broker restarting is waited for) or
+    a topic is not there."""
 
     def __init__(
         self,
@@ -258,7 +261,7 @@ class BusTail(Generic[MessageT]):
             }
         )
         self._cls = message_cls
-        metadata = self._consumer.list_topics(timeout=timeout)
+        metadata = cluster_metadata(self._consumer, timeout)
         assignment = []
         # Per partition: (first offset, end offset) as of now, and where the
         # tail starts reading it.

@@ -7,10 +7,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
+    ClusterMetadata,
     ConfigEntry,
     ConfigResource,
     NewPartitions,
@@ -125,10 +126,7 @@ def ensure_topics(
     partitions = partitions or kafka.topic_partitions
     replication_factor = replication_factor or kafka.topic_replication_factor
     admin = AdminClient(kafka.client_config())
-    try:
-        existing = admin.list_topics(timeout=timeout).topics
-    except KafkaException as exc:
-        raise Unavailable(f"Kafka at {kafka.bootstrap} did not answer: {exc}") from exc
+    existing = cluster_metadata(admin, timeout).topics
 
     outcome: dict[str, Outcome] = {}
     to_create = [
@@ -208,10 +206,7 @@ def _await_listed(admin: AdminClient, names: list[str], timeout: float) -> None:
     # caller's next lookup will find them all.
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            listed = admin.list_topics(timeout=timeout).topics
-        except KafkaException as exc:
-            raise Unavailable(f"Kafka did not answer: {exc}") from exc
+        listed = cluster_metadata(admin, timeout).topics
         missing = [
             n
             for n in names
@@ -222,6 +217,28 @@ def _await_listed(admin: AdminClient, names: list[str], timeout: float) -> None:
         if time.monotonic() > deadline:
             raise Unavailable(f"topics {missing} were created but are not listed yet")
         time.sleep(0.1)
+
+
+def cluster_metadata(
+    client: AdminClient | Consumer, timeout: float, topic: str | None = None
+) -> ClusterMetadata:
+    """The cluster's metadata (``topic``'s alone when given). Raises
+    Unavailable when Kafka does not answer within ``timeout`` seconds.
+
+    A broker away (restarting, not up yet) fails the call at once with a
+    transport error, long before the timeout: the call is made again until
+    the timeout, so that a service started meanwhile waits for the broker
+    rather than exiting (svc_monitor and svc_ingest, restarted just before
+    it, did)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            left = max(deadline - time.monotonic(), 0.1)
+            return client.list_topics(topic, timeout=left)
+        except KafkaException as exc:
+            if time.monotonic() > deadline:
+                raise Unavailable(f"Kafka did not answer within {timeout:g} s: {exc}") from exc
+            time.sleep(0.2)
 
 
 def partition_count(
@@ -235,10 +252,7 @@ def partition_count(
     admin = AdminClient(kafka.client_config())
     deadline = time.monotonic() + settle
     while True:
-        try:
-            found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
-        except KafkaException as exc:
-            raise Unavailable(f"Kafka at {kafka.bootstrap} did not answer: {exc}") from exc
+        found = cluster_metadata(admin, timeout, topic).topics.get(topic)
         if found is not None and found.error is None and found.partitions:
             return len(found.partitions)
         if time.monotonic() > deadline:
@@ -294,10 +308,7 @@ def _await_partitions(admin: AdminClient, name: str, partitions: int, timeout: f
     # As with configs: the new partitions reach the answering broker's metadata
     # a moment after the controller has committed them.
     def grown() -> bool:
-        try:
-            found = admin.list_topics(name, timeout=timeout).topics.get(name)
-        except KafkaException as exc:
-            raise Unavailable(f"Kafka did not answer: {exc}") from exc
+        found = cluster_metadata(admin, timeout, name).topics.get(name)
         return found is not None and len(found.partitions) >= partitions
 
     _wait_until(grown, timeout, f"topic {name} was grown to {partitions} partitions but is not yet")

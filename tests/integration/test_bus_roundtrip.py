@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
 import time
 
 import pytest
@@ -303,3 +306,67 @@ def test_a_tail_since_a_time_no_record_reaches_is_caught_up_at_once(
         assert sorted(r.decode().event_id for r in read) == ["e0", "e1", "e2"]
     finally:
         everything.close()
+
+
+def _forward(listener: socket.socket, to: tuple[str, int]) -> None:
+    """Accept on ``listener`` and pipe each connection to ``to``, both ways."""
+
+    def pipe(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    with contextlib.suppress(OSError):
+        while True:
+            client, _ = listener.accept()
+            upstream = socket.create_connection(to)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=pipe, args=(a, b), daemon=True).start()
+
+
+def test_a_tail_started_while_the_broker_is_away_waits_for_it(infra: Infra, unique: str) -> None:
+    """The bootstrap address refuses connections (a broker restarting) when
+    the tail starts, and answers two seconds later: the tail waits for it
+    within its timeout (svc_monitor, restarted just before the broker, exited
+    on the refusal); one that never answers is Unavailable, not a Kafka
+    error."""
+    from shared.bus.consumer import BusTail
+    from shared.errors import Unavailable
+    from shared.ports import free_port
+
+    topic = make_topic(infra, f"away-{unique}", partitions=1)
+    with BusProducer(infra.kafka, source="tests") as producer:
+        producer.publish(topic, events_pb2.CleanEvent(event_id="e0"), key="k0")
+        producer.flush()
+    host, port = infra.kafka.bootstrap.split(",")[0].rsplit(":", 1)
+    away = infra.kafka.model_copy(update={"bootstrap": f"127.0.0.1:{free_port()}"})
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def come_back() -> None:
+        time.sleep(2.0)
+        listener.bind(("127.0.0.1", int(away.bootstrap.rsplit(":", 1)[1])))
+        listener.listen()
+        _forward(listener, (host, int(port)))
+
+    threading.Thread(target=come_back, daemon=True).start()
+    try:
+        tail = BusTail(
+            away, topics=[topic], message_cls=events_pb2.CleanEvent, from_beginning=True, timeout=60
+        )
+        try:
+            read: list[Record[events_pb2.CleanEvent]] = []
+            deadline = time.monotonic() + 30
+            while not tail.caught_up() and time.monotonic() < deadline:
+                read.extend(tail.poll_batch(10, timeout=0.5))
+            assert [r.decode().event_id for r in read] == ["e0"]
+        finally:
+            tail.close()
+    finally:
+        listener.close()
+
+    nobody = infra.kafka.model_copy(update={"bootstrap": f"127.0.0.1:{free_port()}"})
+    with pytest.raises(Unavailable, match="Kafka did not answer within 2"):
+        BusTail(nobody, topics=[topic], message_cls=events_pb2.CleanEvent, timeout=2)
