@@ -109,7 +109,8 @@ demo: setup
 # time on one (its module fixtures, a Spark session or a stack, start once);
 # each process starts its own Kafka, Redis and object store. Most tests wait
 # on servers and JVMs more than they compute: on 2 cores, 2 processes took
-# the suite from 33.5 to 22.7 minutes. TEST_WORKERS=0 runs it in one.
+# the suite from 33.5 to 22.7 minutes; 3 took 34.2 minutes against 2's 33.5
+# (docs/tests.md). TEST_WORKERS=0 runs it in one.
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
