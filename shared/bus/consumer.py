@@ -261,7 +261,7 @@ class BusTail(Generic[MessageT]):
             }
         )
         self._cls = message_cls
-        metadata = cluster_metadata(self._consumer, timeout)
+        metadata = cluster_metadata(self._consumer, timeout, bootstrap=kafka.bootstrap)
         assignment = []
         # Per partition: (first offset, end offset) as of now, and where the
         # tail starts reading it.

@@ -126,7 +126,7 @@ def ensure_topics(
     partitions = partitions or kafka.topic_partitions
     replication_factor = replication_factor or kafka.topic_replication_factor
     admin = AdminClient(kafka.client_config())
-    existing = cluster_metadata(admin, timeout).topics
+    existing = cluster_metadata(admin, timeout, bootstrap=kafka.bootstrap).topics
 
     outcome: dict[str, Outcome] = {}
     to_create = [
@@ -220,10 +220,15 @@ def _await_listed(admin: AdminClient, names: list[str], timeout: float) -> None:
 
 
 def cluster_metadata(
-    client: AdminClient | Consumer, timeout: float, topic: str | None = None
+    client: AdminClient | Consumer,
+    timeout: float,
+    topic: str | None = None,
+    *,
+    bootstrap: str = "",
 ) -> ClusterMetadata:
     """The cluster's metadata (``topic``'s alone when given). Raises
-    Unavailable when Kafka does not answer within ``timeout`` seconds.
+    Unavailable, naming ``bootstrap`` where given, when Kafka does not answer
+    within ``timeout`` seconds.
 
     A broker away (restarting, not up yet) fails the call at once with a
     transport error, long before the timeout: the call is made again until
@@ -237,7 +242,10 @@ def cluster_metadata(
             return client.list_topics(topic, timeout=left)
         except KafkaException as exc:
             if time.monotonic() > deadline:
-                raise Unavailable(f"Kafka did not answer within {timeout:g} s: {exc}") from exc
+                where = f" at {bootstrap}" if bootstrap else ""
+                raise Unavailable(
+                    f"Kafka{where} did not answer within {timeout:g} s: {exc}"
+                ) from exc
             time.sleep(0.2)
 
 
@@ -252,7 +260,7 @@ def partition_count(
     admin = AdminClient(kafka.client_config())
     deadline = time.monotonic() + settle
     while True:
-        found = cluster_metadata(admin, timeout, topic).topics.get(topic)
+        found = cluster_metadata(admin, timeout, topic, bootstrap=kafka.bootstrap).topics.get(topic)
         if found is not None and found.error is None and found.partitions:
             return len(found.partitions)
         if time.monotonic() > deadline:

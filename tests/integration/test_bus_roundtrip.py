@@ -368,5 +368,5 @@ def test_a_tail_started_while_the_broker_is_away_waits_for_it(infra: Infra, uniq
         listener.close()
 
     nobody = infra.kafka.model_copy(update={"bootstrap": f"127.0.0.1:{free_port()}"})
-    with pytest.raises(Unavailable, match="Kafka did not answer within 2"):
+    with pytest.raises(Unavailable, match=f"Kafka at {nobody.bootstrap} did not answer within 2 s"):
         BusTail(nobody, topics=[topic], message_cls=events_pb2.CleanEvent, timeout=2)
