@@ -34,6 +34,7 @@ BENCHMARKS = (
     "batch_scoring",
     "user_code",
     "object_store",
+    "broker_start",
 )
 
 _RATIO = re.compile(

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from compose import kafka_dist
+from compose import kafka_class_archive, kafka_dist
 from compose.grants import grant_principals, redis_acl
 from compose.object_store import BUCKET, ObjectStoreServer
 from compose.processes import ManagedProcess, Readiness, Supervisor, port_open
@@ -86,10 +86,15 @@ class ClusterShape:
 
 
 class LocalStack:
-    def __init__(self, settings: InfraSettings) -> None:
+    def __init__(self, settings: InfraSettings, *, jvm_options: list[str] | None = None) -> None:
         self.settings = settings
         self.root = settings.common.state_dir / "infra"
         self.cache_dir = settings.common.cache_dir
+        # For every JVM on Kafka's class path: the broker's class archive,
+        # where `aistack infra fetch` built one (compose.kafka_class_archive).
+        self.jvm_options = (
+            kafka_class_archive.java_options(self.cache_dir) if jvm_options is None else jvm_options
+        )
         host = settings.host
         shape = self._cluster_shape()
         self.secure = shape.secure
@@ -213,32 +218,13 @@ class LocalStack:
             raise ConfigError(
                 "redis-server not found: run `make setup` or `apt-get install redis-server`"
             )
-        if shutil.which("java") is None:
-            raise ConfigError(
-                "java not found: Kafka needs a JRE 17, `apt-get install openjdk-17-jre-headless`"
-            )
-        kafka_dist.ensure_kafka_jars(self.cache_dir)
-        self._record_cluster_shape()
-        if self.secure:
-            ensure_material(self.material.directory, [self.settings.host])
-
         # Check every port first, so a taken one fails before anything starts.
         for server in self._servers():
             if self._alive_pid(server) is None:
                 self._check_port_free(server)
         started: list[Server] = []
         try:
-            # Every broker first, then wait: none is ready before a majority
-            # of the controllers runs.
-            for broker in self.brokers:
-                if self._alive_pid(broker) is None:
-                    self._check_port_free(broker)
-                    self._start_kafka(broker)
-                    started.append(broker)
-            for broker in self.brokers:
-                self._wait(broker, partial(self._kafka_ready, broker))
-            if self.secure:
-                grant_principals(self.kafka_settings(ADMIN), self.material.passwords())
+            started += self.start_brokers()
             if self._alive_pid(self.redis) is None:
                 self._check_port_free(self.redis)
                 self._start_redis(redis_server)
@@ -255,6 +241,39 @@ class LocalStack:
             self._supervisor.stop(started, STOP_TIMEOUT)
             raise
         return self.status()
+
+    def start_brokers(self) -> list[Broker]:
+        """Start the brokers not running and wait until each answers; the
+        ones it started. (``up`` starts them so, then the other servers.)"""
+        self._prepare_kafka()
+        started: list[Broker] = []
+        try:
+            # Every broker first, then wait: none is ready before a majority
+            # of the controllers runs.
+            for broker in self.brokers:
+                if self._alive_pid(broker) is None:
+                    self._check_port_free(broker)
+                    self._start_kafka(broker)
+                    started.append(broker)
+            for broker in self.brokers:
+                self._wait(broker, partial(self._kafka_ready, broker))
+            if self.secure:
+                grant_principals(self.kafka_settings(ADMIN), self.material.passwords())
+        except BaseException:
+            self._supervisor.stop(started, STOP_TIMEOUT)
+            raise
+        return started
+
+    def _prepare_kafka(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if shutil.which("java") is None:
+            raise ConfigError(
+                "java not found: Kafka needs a JRE 17, `apt-get install openjdk-17-jre-headless`"
+            )
+        kafka_dist.ensure_kafka_jars(self.cache_dir)
+        self._record_cluster_shape()
+        if self.secure:
+            ensure_material(self.material.directory, [self.settings.host])
 
     def down(self, timeout: float = STOP_TIMEOUT) -> list[ServerStatus]:
         """Stop every server cleanly (SIGTERM, then SIGKILL after ``timeout``):
@@ -405,6 +424,7 @@ class LocalStack:
             f"-Xms{initial_heap}",
             "-XX:+UseG1GC",
             "-Djava.awt.headless=true",
+            *self.jvm_options,
             f"-Dlog4j.configuration=file:{broker.directory / 'log4j.properties'}",
             "-cp",
             kafka_dist.classpath(self.cache_dir),

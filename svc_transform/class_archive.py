@@ -15,7 +15,6 @@ it (a warning in the log) where they differ.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared.class_archive import archive_digest, jars_stamp, java_stamp
 from shared.errors import ConfigError
 
 #: The driver JVM's option Spark appends to its command line.
@@ -51,34 +51,19 @@ def archive_path(cache_dir: Path, functions_jar: Path) -> Path:
     holds elsewhere)."""
     from svc_transform.jars import SPARK_VERSION, driver_jar_path, pyspark_jars
 
-    java = java_executable()
     class_path = pyspark_jars().resolve()
-    key = "|".join(
+    digest = archive_digest(
         [
             SPARK_VERSION,
-            str(java),
-            str(java.stat().st_size),
+            *java_stamp(java_executable()),
             functions_jar.name,
             # On the driver's class path at launch (svc_transform.spark).
             str(driver_jar_path(cache_dir)),
             str(class_path),
-            _jars_stamp(class_path),
+            jars_stamp(class_path),
         ]
     )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir / "spark-class-archive" / f"driver-{digest}.jsa"
-
-
-def _jars_stamp(directory: Path) -> str:
-    """Each jar's name, size and modification time: the JVM also refuses an
-    archive whose class path entries changed since the dump, as they do when
-    an environment is installed again at the same path (a CI clone's)."""
-    entries = (
-        f"{jar.name}:{stat.st_size}:{stat.st_mtime_ns}"
-        for jar in sorted(directory.glob("*.jar"))
-        for stat in (jar.stat(),)
-    )
-    return hashlib.sha256("\n".join(entries).encode()).hexdigest()
 
 
 def session_conf(conf: dict[str, str], cache_dir: Path, functions_jar: Path) -> dict[str, str]:

@@ -61,14 +61,14 @@ def infra_status() -> int:
 
 @infra.command("fetch")
 def infra_fetch() -> int:
-    """Download Kafka's jars and build svc_transform's (Spark connectors, JVM functions)."""
+    """Download Kafka's jars (and build its broker's class archive), build svc_transform's."""
     return _infra("fetch")
 
 
 def _infra(
     action: str, brokers: int | None = None, secure: bool = False, object_store: bool = False
 ) -> int:
-    from compose import kafka_dist
+    from compose import kafka_class_archive, kafka_dist
     from compose import object_store as object_store_dist
     from compose.local import LocalStack
     from compose.settings import InfraSettings, apply_infra_flags
@@ -81,6 +81,7 @@ def _infra(
         cache = settings.common.cache_dir
         home = kafka_dist.ensure_kafka_jars(cache)
         print(f"kafka {kafka_dist.KAFKA_VERSION} jars in {home / 'libs'}")
+        print(f"kafka broker class archive: {kafka_class_archive.ensure(cache)}")
         home = object_store_dist.ensure_jars(cache)
         print(f"s3proxy {object_store_dist.S3PROXY_VERSION} jars in {home / 'libs'}")
         s3a = hadoop_s3a.ensure_jars(cache)
