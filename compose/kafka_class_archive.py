@@ -17,10 +17,14 @@ import shutil
 import tempfile
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from compose import kafka_dist
 from shared.class_archive import archive_digest, jars_stamp, java_stamp
 from shared.errors import ConfigError
+
+if TYPE_CHECKING:
+    from compose.settings import InfraSettings
 
 #: The most a build's broker may take to start, serve and stop.
 BUILD_TIMEOUT_SECONDS = 120.0
@@ -69,14 +73,15 @@ def ensure(cache_dir: Path) -> Path:
     return archive
 
 
-def _warm_up(cache_dir: Path, state_dir: Path, dump_to: Path) -> None:
-    from compose.local import LocalStack
+def one_broker_settings(cache_dir: Path, state_dir: Path) -> InfraSettings:
+    """One plaintext broker on free ports in ``state_dir``, whatever the
+    environment's AISTACK_INFRA_* say: a broker of a build's or a benchmark's own."""
     from compose.settings import InfraSettings
     from shared.ports import free_ports
     from shared.settings import CommonSettings
 
     kafka_port, controller_port = free_ports(2)
-    settings = InfraSettings(
+    return InfraSettings(
         kafka_port=kafka_port,
         kafka_controller_port=controller_port,
         brokers=1,
@@ -85,7 +90,15 @@ def _warm_up(cache_dir: Path, state_dir: Path, dump_to: Path) -> None:
         start_timeout=BUILD_TIMEOUT_SECONDS,
         common=CommonSettings(state_dir=state_dir, cache_dir=cache_dir),
     )
-    stack = LocalStack(settings, jvm_options=[f"-XX:ArchiveClassesAtExit={dump_to}"])
+
+
+def _warm_up(cache_dir: Path, state_dir: Path, dump_to: Path) -> None:
+    from compose.local import LocalStack
+
+    stack = LocalStack(
+        one_broker_settings(cache_dir, state_dir),
+        jvm_options=[f"-XX:ArchiveClassesAtExit={dump_to}"],
+    )
     try:
         stack.start_brokers()
         _serve_a_little(stack.kafka_bootstrap)
