@@ -33,6 +33,10 @@ DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 BUILD_TIMEOUT_SECONDS = 300
 #: The last micro-batch the warm-up runs (from 0) before it stops.
 WARM_UP_BATCHES = 1
+#: How Python starts a traceback on stderr.
+TRACEBACK = "Traceback (most recent call last):"
+#: Seconds between the warm-up's micro-batches.
+WARM_UP_TRIGGER_SECONDS = 1
 
 
 def java_executable() -> Path:
@@ -95,14 +99,28 @@ def ensure(cache_dir: Path, functions_jar: Path) -> Path:
             check=False,
         )
         if result.returncode != 0 or not dumped.is_file():
-            tail = (result.stdout + result.stderr).strip().splitlines()[-6:]
-            raise ConfigError(f"could not build the driver's class archive: {' | '.join(tail)}")
+            raise ConfigError(
+                f"could not build the driver's class archive: {build_failure(result.stderr)}"
+            )
         # One archive per cache (each is about 160 MB): the last set-up's.
         # A job that finds none of its own starts without one.
         for old in archive.parent.glob("driver-*.jsa"):
             old.unlink()
         dumped.rename(archive)
     return archive
+
+
+def build_failure(stderr: str) -> str:
+    """Why a build failed: the child's Python error (its traceback's first
+    unindented line; the JVM's logs and stack traces follow it on stderr as
+    the JVM exits), else stderr's last lines."""
+    lines = stderr.strip().splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(TRACEBACK)]
+    if starts:
+        for line in lines[starts[-1] + 1 :]:
+            if line and not line[0].isspace():
+                return line
+    return " | ".join(lines[-6:])
 
 
 def warm_up(dump_to: Path, work_dir: Path) -> None:
@@ -155,18 +173,26 @@ def warm_up(dump_to: Path, work_dir: Path) -> None:
         windows.writeStream.outputMode("append")
         .format("noop")
         .option("checkpointLocation", str(work_dir / "checkpoint"))
-        .trigger(processingTime="0 seconds")
+        # A pause between micro-batches: with none, a trigger is active
+        # almost always and the wait below for one to finish could miss it.
+        .trigger(processingTime=f"{WARM_UP_TRIGGER_SECONDS} seconds")
         .start()
     )
     deadline = time.monotonic() + BUILD_TIMEOUT_SECONDS / 2
-    while (
-        query.lastProgress is None
-        or query.lastProgress["batchId"] < WARM_UP_BATCHES
-        or query.status["isTriggerActive"]
-    ):
-        if not query.isActive or time.monotonic() > deadline:
-            raise ConfigError(f"the warm-up query did not run: {query.exception()}")
+    while query.lastProgress is None or query.lastProgress["batchId"] < WARM_UP_BATCHES:
+        if not query.isActive:
+            raise ConfigError(f"the warm-up query stopped: {query.exception()}")
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"the warm-up query ran no micro-batch {WARM_UP_BATCHES} "
+                f"within {BUILD_TIMEOUT_SECONDS / 2:.0f} s: {query.lastProgress}"
+            )
         time.sleep(0.05)
+    # Stop between micro-batches where one comes within a trigger: a stop
+    # mid-batch still dumps the classes, with cancelled jobs in the log.
+    between = time.monotonic() + WARM_UP_TRIGGER_SECONDS * 2
+    while query.status["isTriggerActive"] and time.monotonic() < between:
+        time.sleep(0.02)
     query.stop()
     spark.stop()
     # The JVM writes the archive as it exits, which it does when its stdin

@@ -161,3 +161,23 @@ def test_the_driver_jar_is_named_by_its_sources(
     assert first.name.startswith("driver-") and first == jars.driver_jar_path(tmp_path / "cache")
     (sources / "dev" / "Fs.java").write_text("class Fs { int x; }")
     assert jars.driver_jar_path(tmp_path / "cache") != first
+
+
+def test_a_failed_archive_build_names_the_python_error_not_the_jvm_stack_after_it() -> None:
+    from svc_transform.class_archive import build_failure
+
+    # What CI printed: the warm-up's traceback, then the JVM's shutdown log.
+    stderr = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "svc_transform/class_archive.py", line 170, in warm_up',
+            "    raise ConfigError(...)",
+            "shared.errors.ConfigError: the warm-up query stopped: boom",
+            "26/12/03 07:51:10 ERROR TaskSchedulerImpl: Exception in statusUpdate",
+            "org.apache.spark.SparkException: Job 109 cancelled because SparkContext was shut down",
+            "\tat org.apache.spark.util.Utils$.tryLogNonFatalError(Utils.scala:1300)",
+        ]
+    )
+    assert build_failure(stderr) == "shared.errors.ConfigError: the warm-up query stopped: boom"
+    # No traceback (the JVM died first): the last lines, on one line.
+    assert build_failure("a\nb\nc") == "a | b | c"
