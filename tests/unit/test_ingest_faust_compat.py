@@ -349,3 +349,71 @@ def test_a_batch_is_stale_once_the_consumer_generation_moved_on() -> None:
     assert not is_stale(batch(7), app)
     assert is_stale(batch(6), app)
     assert not is_stale([], app)
+
+
+def test_a_batch_acked_at_once_leaves_the_consumer_as_faust_acking_each_would() -> None:
+    """``ack_batch`` does Message.ack and Consumer.ack's bookkeeping under
+    one lock for the batch: on a real faust consumer (never started), the
+    same messages become committable, in the same order, as when each is
+    acked faust's way; held twice, acked already, below the committed
+    offset, on a topic without acks, or of a subclass with its own ack."""
+    from types import SimpleNamespace
+
+    import faust
+    from faust.types.tuples import ConsumerMessage, Message
+
+    from svc_ingest.faust_compat.batches import ack_batch
+
+    class OwnAck(ConsumerMessage):
+        pass
+
+    def scene() -> tuple[Any, list[Any], list[Any]]:
+        app: Any = faust.App("ack-batch", broker="kafka://127.0.0.1:1")
+        consumer = app.consumer
+        app.topics._acking_topics.add("raw")  # as for every topic an agent reads
+        raw, other = TP("raw", 0), TP("raw", 1)
+        consumer._committed_offset[raw] = 3
+        consumer._committed_offset[other] = None
+        messages: list[Message] = []
+        for i, (tp, cls) in enumerate(
+            [(raw, ConsumerMessage)] * 8 + [(other, OwnAck)] * 2 + [(TP("untracked", 0), Message)]
+        ):
+            message = cls(tp.topic, tp.partition, i, 0.0, 0, [], b"k", b"v", None, tp=tp)
+            message.refcount = 1
+            consumer._unacked_messages.add(message)
+            messages.append(message)
+        messages[5].refcount = 2  # held by a second stream: stays unacked
+        messages[6].acked = True  # acked already
+        seen: list[int] = []
+
+        class Seen(faust.Sensor):
+            def on_message_out(self, tp: TP, offset: int, message: Message) -> None:
+                seen.append(offset)
+
+        app.sensors.add(Seen())
+        events = [SimpleNamespace(message=m) for m in messages]
+        return app, events, seen
+
+    def state(app: Any) -> tuple[Any, ...]:
+        consumer = app.consumer
+        return (
+            {tp: list(offsets) for tp, offsets in consumer._acked.items()},
+            {tp: set(index) for tp, index in consumer._acked_index.items()},
+            consumer._n_acked,
+            sorted(m.offset for m in consumer._unacked_messages),
+        )
+
+    faust_app, faust_events, faust_seen = scene()
+    on_message_out = faust_app.sensors.on_message_out
+    faust_acked = 0
+    for event in faust_events:  # faust's own way, one event at a time
+        if event.message.ack(faust_app.consumer):
+            faust_acked += 1
+            on_message_out(event.message.tp, event.message.offset, event.message)
+    app, events, seen = scene()
+    # 3, 4 and 7 (0-2 are below the committed offset), 8, 9 and the untracked 10.
+    assert ack_batch(events, app) == faust_acked == 6
+    assert state(app) == state(faust_app)
+    assert seen == faust_seen
+    assert [e.message.acked for e in events] == [m.message.acked for m in faust_events]
+    assert [e.message.refcount for e in events] == [m.message.refcount for m in faust_events]
