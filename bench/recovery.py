@@ -13,7 +13,8 @@ from the restart to doing its work again:
 * svc_tuner: a ``GetStudy`` answered (its studies reloaded from Redis);
 * svc_trainer-1: ready (its metrics answer);
 * svc_model: serving (it listens once the models topic is replayed);
-* svc_monitor: ready (its metrics answer).
+* svc_monitor: started (its ``aistack_monitor_started`` gauge: the registry,
+  the drift events and the windows' tail replayed; its metrics answer before).
 
 One line per service, then ``NAME: ratio R (goal G)`` for svc_ingest's goal
 (back within 10 s of its restart): the ratio is 10 s over the time taken,
@@ -217,10 +218,14 @@ def model(stack: ServiceStack) -> Back:
 
 
 def monitor(stack: ServiceStack) -> Back:
+    port = stack.settings.monitor_metrics_port
     _kill(stack, "svc_monitor")
     since = _restart(stack, "svc_monitor")
-    ready = _metrics_answer(stack.settings.monitor_metrics_port)
-    return Back("svc_monitor", _until("ready", ready, since), "ready (metrics)")
+
+    def started() -> bool:
+        return scraped_sum(port, "aistack_monitor_started") > 0
+
+    return Back("svc_monitor", _until("started", started, since), "started (topics replayed)")
 
 
 VICTIMS: tuple[Callable[[ServiceStack], Back], ...] = (

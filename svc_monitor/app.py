@@ -140,6 +140,7 @@ class MonitorApp:
             self.producer.flush()
         self._closers.append(self.joining.close)
         self.joining.open(deadline)
+        self.metrics.started.set(1)
         log.info(
             "monitor.started",
             watched=[(w.model_name, w.version, w.feature) for w in self.registry.watched()],

@@ -22,6 +22,7 @@ class MonitorMetrics:
     pending: Gauge
     performance_events: Counter
     decisions: Counter
+    started: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry = REGISTRY) -> MonitorMetrics:
@@ -76,5 +77,13 @@ class MonitorMetrics:
             ),
             performance_events=counter(
                 "performance_events", "LivePerformance events published", ("model",)
+            ),
+            # Metrics answer from the process's first second, before the
+            # replays: a probe of readiness reads this, not the port.
+            started=Gauge(
+                "monitor_started",
+                "1 once the registry, the drift events and the windows' tail are "
+                "replayed and the monitor follows its topics live, else 0",
+                **common,
             ),
         )

@@ -149,6 +149,7 @@ def test_shifted_windows_drift_once_and_stationary_ones_never(
     monitor = MonitorProcess(infra, settings, tmp_path / "monitor-1.log")
     launch.append(monitor)
     monitor.wait_started()
+    assert monitor.metric("started") == 1
     assert monitor.metric("watched_models") == 1
 
     def publish(batch: list[features_pb2.FeatureWindow]) -> None:
