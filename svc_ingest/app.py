@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -187,10 +187,22 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
 
     app.on_rebalance_complete.connect(on_rebalance_complete)  # type: ignore[arg-type]
 
-    def decide(message: Message, now_us: int) -> Outcome:
-        return handler.handle(
-            message.partition, message.offset, message.key, message.value, message.headers, now_us
-        )
+    handle = handler.handle
+
+    def deciding_at(now_us: int) -> Callable[[Message], Outcome]:
+        # A closure, not a partial with a keyword: that copies its keywords
+        # into a new dict on every call (0.3 against 0.09 µs a record).
+        def decide(message: Message) -> Outcome:
+            return handle(
+                message.partition,
+                message.offset,
+                message.key,
+                message.value,
+                message.headers,
+                now_us,
+            )
+
+        return decide
 
     # An error that is not the input's (the broker, a revoked transaction)
     # stops the worker rather than the agent alone: a restarted agent would
@@ -203,7 +215,7 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
         try:
             async for events in _batches(stream, app, settings):
                 now_us = time.time_ns() // 1000
-                await pipeline.put(events, partial(decide, now_us=now_us), now_us // 1000)
+                await pipeline.put(events, deciding_at(now_us), now_us // 1000)
         finally:
             # A batch still in flight when the loop ends (it ran out, or the
             # agent was stopped while it waited for records) is finished, or

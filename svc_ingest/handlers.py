@@ -101,7 +101,7 @@ class RecordHandler:
             seen = DEAD_LETTER_ID_PREFIX + letter_id.encode()
             if not self._dedup.first_sighting(seen, now_ms, partition, offset):
                 return Outcome("duplicate", "", None, None, [], event_id=letter_id)
-            trace = self._trace(parent)
+            trace = envelope.traceparent_header(parent)
             return self._dead_letter(
                 partition, offset, key, value, pairs, rejected, trace, letter_id
             )
@@ -111,7 +111,7 @@ class RecordHandler:
             if not self._dedup.first_sighting(event_id.encode(), now_ms, partition, offset):
                 return Outcome("duplicate", "", None, None, [], event_id=event_id)
             key_out, value_out, headers_out = self._clean_record(
-                event, partition, offset, now_us, self._trace(parent)
+                event, partition, offset, now_us, envelope.traceparent_header(parent)
             )
             return Outcome(
                 "clean", self._clean_topic, key_out, value_out, headers_out, event_id=event_id
@@ -124,7 +124,7 @@ class RecordHandler:
         ]
         if not fresh:
             return Outcome("duplicate", "", None, None, [], event_id=events[0].event_id)
-        trace = self._trace(parent)
+        trace = envelope.traceparent_header(parent)
         records = [self._clean_record(event, partition, offset, now_us, trace) for event in fresh]
         key_out, value_out, headers_out = records[0]
         return Outcome(
@@ -138,7 +138,7 @@ class RecordHandler:
         )
 
     def _clean_record(
-        self, event: events_pb2.CleanEvent, partition: int, offset: int, now_us: int, trace: str
+        self, event: events_pb2.CleanEvent, partition: int, offset: int, now_us: int, trace: bytes
     ) -> Extra:
         ingest_time = event.ingest_time
         ingest_time.seconds, rest = divmod(now_us, 1_000_000)
@@ -150,7 +150,7 @@ class RecordHandler:
         return (
             event.entity_id.encode(),
             event.SerializeToString(),
-            self._clean_headers.build(event.event_id, trace),
+            self._clean_headers.build_encoded(event.event_id.encode(), trace),
         )
 
     def _compiled_outcome(
@@ -163,9 +163,10 @@ class RecordHandler:
         if found is None:
             return None
         event_id, key, event = found
-        if not self._dedup.first_sighting(event_id.encode(), now_ms, partition, offset):
+        id_bytes = event_id.encode()
+        if not self._dedup.first_sighting(id_bytes, now_ms, partition, offset):
             return Outcome("duplicate", "", None, None, [], event_id=event_id)
-        headers = self._clean_headers.build(event_id, self._trace(parent))
+        headers = self._clean_headers.build_encoded(id_bytes, envelope.traceparent_header(parent))
         return Outcome("clean", self._clean_topic, key, event, headers, event_id=event_id)
 
     def _reads_as_json(self, content_type: str) -> bool:
@@ -176,10 +177,6 @@ class RecordHandler:
             found = self._json[content_type] = reads_as_json_object(content_type)
         return found
 
-    @staticmethod
-    def _trace(parent: str) -> str:
-        return envelope.child_traceparent(parent) if parent else envelope.new_traceparent()
-
     def _dead_letter(
         self,
         partition: int,
@@ -188,7 +185,7 @@ class RecordHandler:
         value: bytes | None,
         headers: list[tuple[str, bytes]],
         rejected: RecordRejected,
-        trace: str,
+        trace: bytes,
         letter_id: str,
     ) -> Outcome:
         letter = dead_letter(
@@ -204,7 +201,7 @@ class RecordHandler:
         )
         # The dead letter's own id is its source position: a replay of the same
         # record after a crash yields the same id, so consumers can drop repeats.
-        out_headers = self._dlq_headers.build(letter_id, trace)
+        out_headers = self._dlq_headers.build_encoded(letter_id.encode(), trace)
         out_headers.extend(dead_letter_headers(letter))
         return Outcome(
             "dead_letter",

@@ -64,6 +64,15 @@ def new_traceparent() -> str:
     return _TRACEPARENT % (_bits(128) or 1, _bits(64) or 1)
 
 
+def traceparent_header(parent: str) -> bytes:
+    """The traceparent header's value for a record caused by one that carried
+    ``parent`` ('' for none): ``child_traceparent(parent)``, or a fresh trace
+    formatted as bytes at once (a third of the cost of text encoded after)."""
+    if parent:
+        return child_traceparent(parent).encode()
+    return _TRACEPARENT_BYTES % (_bits(128) or 1, _bits(64) or 1)
+
+
 def child_traceparent(parent: str) -> str:
     """Continue ``parent``'s trace with a new span id (a fresh trace if malformed)."""
     parts = parent.split("-")
@@ -100,9 +109,13 @@ class HeaderTemplate:
         return headers
 
     def build(self, event_id: str, traceparent: str) -> Headers:
+        return self.build_encoded(event_id.encode(), traceparent.encode())
+
+    def build_encoded(self, event_id: bytes, traceparent: bytes) -> Headers:
+        """``build``'s headers from the id and trace as their header bytes."""
         headers = self._constant.copy()
-        headers.append((ID, event_id.encode()))
-        headers.append((TRACEPARENT, traceparent.encode()))
+        headers.append((ID, event_id))
+        headers.append((TRACEPARENT, traceparent))
         return headers
 
 

@@ -56,6 +56,22 @@ def test_traceparents_are_w3c() -> None:
     assert TRACEPARENT.match(envelope.child_traceparent("garbage"))
 
 
+def test_a_traceparent_header_is_a_fresh_trace_or_the_parents_continued() -> None:
+    fresh = envelope.traceparent_header("").decode()
+    assert TRACEPARENT.match(fresh)
+    assert envelope.traceparent_header("").decode() != fresh
+    child = envelope.traceparent_header(fresh).decode()
+    assert TRACEPARENT.match(child)
+    assert child.split("-")[1] == fresh.split("-")[1] and child != fresh
+    assert TRACEPARENT.match(envelope.traceparent_header("garbage").decode())
+
+
+def test_encoded_headers_are_the_text_ones_encoded() -> None:
+    template = envelope.HeaderTemplate("aistack.v1.CleanEvent", "svc_ingest")
+    trace = envelope.new_traceparent()
+    assert template.build_encoded(b"id-1", trace.encode()) == template.build("id-1", trace)
+
+
 def test_ids_do_not_follow_a_seed_given_to_the_random_module() -> None:
     # A user's code (or Keras' set_random_seed) seeding the random module in
     # a process that publishes must not make its event ids repeat.
