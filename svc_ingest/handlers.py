@@ -108,24 +108,28 @@ class RecordHandler:
         if len(events) == 1:  # most records: no lists to build
             (event,) = events
             event_id = event.event_id
-            if not self._dedup.first_sighting(event_id.encode(), now_ms, partition, offset):
+            id_bytes = event_id.encode()
+            if not self._dedup.first_sighting(id_bytes, now_ms, partition, offset):
                 return Outcome("duplicate", "", None, None, [], event_id=event_id)
             key_out, value_out, headers_out = self._clean_record(
-                event, partition, offset, now_us, envelope.traceparent_header(parent)
+                event, id_bytes, partition, offset, now_us, envelope.traceparent_header(parent)
             )
             return Outcome(
                 "clean", self._clean_topic, key_out, value_out, headers_out, event_id=event_id
             )
         first_sighting = self._dedup.first_sighting
         fresh = [
-            event
+            (event, id_bytes)
             for event in events
-            if first_sighting(event.event_id.encode(), now_ms, partition, offset)
+            if first_sighting(id_bytes := event.event_id.encode(), now_ms, partition, offset)
         ]
         if not fresh:
             return Outcome("duplicate", "", None, None, [], event_id=events[0].event_id)
         trace = envelope.traceparent_header(parent)
-        records = [self._clean_record(event, partition, offset, now_us, trace) for event in fresh]
+        records = [
+            self._clean_record(event, id_bytes, partition, offset, now_us, trace)
+            for event, id_bytes in fresh
+        ]
         key_out, value_out, headers_out = records[0]
         return Outcome(
             "clean",
@@ -133,12 +137,18 @@ class RecordHandler:
             key_out,
             value_out,
             headers_out,
-            event_id=fresh[0].event_id,
+            event_id=fresh[0][0].event_id,
             more=records[1:],
         )
 
     def _clean_record(
-        self, event: events_pb2.CleanEvent, partition: int, offset: int, now_us: int, trace: bytes
+        self,
+        event: events_pb2.CleanEvent,
+        id_bytes: bytes,
+        partition: int,
+        offset: int,
+        now_us: int,
+        trace: bytes,
     ) -> Extra:
         ingest_time = event.ingest_time
         ingest_time.seconds, rest = divmod(now_us, 1_000_000)
@@ -150,7 +160,7 @@ class RecordHandler:
         return (
             event.entity_id.encode(),
             event.SerializeToString(),
-            self._clean_headers.build_encoded(event.event_id.encode(), trace),
+            self._clean_headers.build_encoded(id_bytes, trace),
         )
 
     def _compiled_outcome(

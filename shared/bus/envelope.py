@@ -105,7 +105,7 @@ class HeaderTemplate:
         third less)."""
         headers = self._constant.copy()
         headers.append((ID, _EVENT_ID_BYTES % (_bits(128) or 1)))
-        headers.append((TRACEPARENT, _TRACEPARENT_BYTES % (_bits(128) or 1, _bits(64) or 1)))
+        headers.append((TRACEPARENT, traceparent_header("")))
         return headers
 
     def build(self, event_id: str, traceparent: str) -> Headers:
