@@ -27,13 +27,18 @@ from svc_ingest.dedup import DedupWindow, PendingIds, Sightings
 from svc_ingest.faust_compat.batches import ack_batch, is_stale
 from svc_ingest.faust_compat.consumer import batch_gate
 from svc_ingest.faust_compat.tables import persist_changelog_offsets
-from svc_ingest.handlers import Outcome
+from svc_ingest.handlers import Outcome, Publish
 from svc_ingest.output import OutputWriter
 
 log = get_logger("svc_ingest")
 
 #: Records decided between two turns of the event loop in ``prepare``.
 YIELD_EVERY = 500
+
+#: ``decide(messages, publish)``: the outcome of each message, in order, each
+#: record to send handed to ``publish`` (``OutputWriter.add``'s first five
+#: parameters) as it is decided (``RecordHandler.handle_batch``).
+Decide = Callable[[Sequence[Message], Publish], list[Outcome]]
 
 
 class BatchCheckpoint:
@@ -83,18 +88,17 @@ class BatchCheckpoint:
         are in the store."""
         return self._rebuild
 
-    async def prepare(
-        self, events: Sequence[EventT[Any]], decide: Callable[[Message], Outcome]
-    ) -> PreparedBatch:
+    async def prepare(self, events: Sequence[EventT[Any]], decide: Decide) -> PreparedBatch:
         """Decide a batch and queue its outputs, sending nothing (steps 1-3).
 
         1. After a rebalance, rebuild the dedup index from the table (Faust
            resumes streams only after the table's recovery).
         2. Bind each source partition to its producer: its transaction under
            exactly_once. ``PartitionRevoked`` if it is no longer ours.
-        3. Decide every record (``decide``) and queue its output with the
-           producer of its source partition; the batch's new dedup ids stay
-           pending, apart from any later batch's.
+        3. Decide every record (``decide``, a chunk of records at a time)
+           and queue its output with the producer of its source partition;
+           the batch's new dedup ids stay pending, apart from any later
+           batch's.
 
         If 2-3 fail, the batch's new dedup ids are forgotten and the error
         propagates: it stops the worker."""
@@ -103,14 +107,14 @@ class BatchCheckpoint:
         try:
             partitions = {event.message.partition for event in events}
             await writer.use_partitions(partitions, self._topics)  # 2
-            outcomes = []
-            queue = self._queue
-            for done, event in enumerate(events, 1):  # 3
-                outcomes.append(queue(writer, event.message, decide))
-                if not done % YIELD_EVERY:
+            outcomes: list[Outcome] = []
+            for start in range(0, len(events), YIELD_EVERY):  # 3
+                if start:
                     # The event loop's turn: the batch before this one goes
                     # out and its answer comes in while this one is decided.
                     await asyncio.sleep(0)
+                chunk = [event.message for event in events[start : start + YIELD_EVERY]]
+                outcomes.extend(decide(chunk, writer.add))
         except BaseException:
             self._dedup.discard_pending()
             self._idle_writers.append(writer)
@@ -169,19 +173,6 @@ class BatchCheckpoint:
         if self._rebuild:
             self._rebuild = False
             log.info("dedup.rebuilt", ids=self._dedup.rebuild())
-
-    @staticmethod
-    def _queue(
-        writer: OutputWriter, message: Message, decide: Callable[[Message], Outcome]
-    ) -> Outcome:
-        outcome = decide(message)
-        topic = outcome.topic
-        if topic:
-            partition = message.partition
-            writer.add(partition, topic, outcome.key, outcome.value, outcome.headers)
-            for key, value, headers in outcome.more:
-                writer.add(partition, topic, key, value, headers)
-        return outcome
 
     async def _send(self, writer: OutputWriter, pending: PendingIds) -> list[Any]:
         if self._exactly_once:
@@ -263,7 +254,7 @@ class BatchPipeline:
     async def put(
         self,
         events: Sequence[EventT[Any]],
-        decide: Callable[[Message], Outcome],
+        decide: Decide,
         now_ms: int,
     ) -> None:
         checkpoint = self._checkpoint

@@ -67,11 +67,16 @@ class IdIndex:
     def claim(self, event_id: bytes, ms: int, within_ms: int) -> int:
         """Hold ``event_id`` as first seen at ``ms`` unless it is held as seen
         at most ``within_ms`` before; its key if it was claimed, else 0."""
-        # Once per event: id_key written out, a call fewer.
+        # Once per event: id_key and _slot written out, two calls fewer.
         key = (hash(event_id) & _MASK64) or 1
-        slot = self._slot(key)
         keys = self._keys
-        if keys[slot] == key:
+        mask = self._mask
+        slot = key & mask
+        held = keys[slot]
+        while held != key and held != _EMPTY:
+            slot = (slot + 1) & mask
+            held = keys[slot]
+        if held == key:
             if ms - self._times[slot] <= within_ms:
                 return 0
             self._times[slot] = ms

@@ -44,10 +44,13 @@ class SensorBytes:
     """The compiled path for one cleaner's rules, writing ``source_topic`` as
     each event's source."""
 
-    __slots__ = ("_compiled",)
+    __slots__ = ("unhashed",)
 
     def __init__(self, compiled: _Compiled) -> None:
-        self._compiled = compiled
+        #: ``clean`` without the content hash: the event id is '' where the
+        #: producer gave none, and ``with_content_hash`` completes the result
+        #: (a batch calls it directly, a call fewer a record).
+        self.unhashed = compiled.clean
 
     def clean(
         self, value: bytes, now_us: int, partition: int, offset: int
@@ -55,14 +58,19 @@ class SensorBytes:
         """(event id, key, serialised CleanEvent) of a JSON record, as the
         Python path builds them with its source position and ingest time
         ``now_us``; None where the Python path must decide."""
-        found = self._compiled.clean(value, now_us, partition, offset)
+        found = self.unhashed(value, now_us, partition, offset)
         if found is None or found[0]:
             return found
-        # No producer's id: the content hash, as Cleaner.clean_all gives it,
-        # put first as the field it is.
-        event_id = content_hash(value)
-        _, key, event = found
-        return event_id, key, _EVENT_ID_TAG + bytes((len(event_id),)) + event_id.encode() + event
+        return with_content_hash(value, found)
+
+
+def with_content_hash(value: bytes, found: tuple[str, bytes, bytes]) -> tuple[str, bytes, bytes]:
+    """``SensorBytes.unhashed``'s result for a record whose producer gave no
+    id: the content hash, as Cleaner.clean_all gives it, put first as the
+    field it is."""
+    event_id = content_hash(value)
+    _, key, event = found
+    return event_id, key, _EVENT_ID_TAG + bytes((len(event_id),)) + event_id.encode() + event
 
 
 def compiled(cleaner: Cleaner, source_topic: str) -> SensorBytes | None:

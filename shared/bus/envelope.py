@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+from binascii import hexlify
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,7 +53,8 @@ _bits = _generator.getrandbits
 _EVENT_ID = "%032x"
 _TRACEPARENT = "00-%032x-%016x-01"
 _EVENT_ID_BYTES = _EVENT_ID.encode()
-_TRACEPARENT_BYTES = _TRACEPARENT.encode()
+_FRESH_TRACEPARENT = b"00-%s-01"
+_SPAN_ID_BITS = (1 << 64) - 1
 
 
 def new_event_id() -> str:
@@ -67,10 +69,16 @@ def new_traceparent() -> str:
 def traceparent_header(parent: str) -> bytes:
     """The traceparent header's value for a record caused by one that carried
     ``parent`` ('' for none): ``child_traceparent(parent)``, or a fresh trace
-    formatted as bytes at once (under half the cost of text encoded after)."""
+    made as bytes at once: 192 random bits hexlified in one call, the dash
+    between the ids put in by it (0.9 against 1.3 µs formatting two ints,
+    which was under half the cost of text encoded after)."""
     if parent:
         return child_traceparent(parent).encode()
-    return _TRACEPARENT_BYTES % (_bits(128) or 1, _bits(64) or 1)
+    bits = _bits(192)
+    while not (bits >> 64 and bits & _SPAN_ID_BITS):  # an all-zero id
+        bits = _bits(192)
+    # The trace id is the high 128 bits, the span id the low 64.
+    return _FRESH_TRACEPARENT % hexlify(bits.to_bytes(24, "big"), b"-", -16)
 
 
 def child_traceparent(parent: str) -> str:
@@ -93,6 +101,13 @@ class HeaderTemplate:
             (TYPE, message_type.encode()),
             (SOURCE, source.encode()),
         ]
+
+    @property
+    def constant(self) -> Headers:
+        """The constant headers, for a loop that builds many records: each
+        record's are a copy of these with its id and trace appended, as
+        ``build_encoded`` makes them (never changed in place)."""
+        return self._constant
 
     def build_fresh(self) -> tuple[str, Headers]:
         """Headers with a new event id and a new trace; returns (event id, headers)."""

@@ -66,6 +66,14 @@ def test_a_traceparent_header_is_a_fresh_trace_or_the_parents_continued() -> Non
     assert TRACEPARENT.match(envelope.traceparent_header("garbage").decode())
 
 
+def test_a_fresh_traceparent_never_has_an_all_zero_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    # W3C forbids an all-zero trace or span id: such draws are drawn again.
+    trace_id, span_id = 0x0123456789ABCDEF0123456789ABCDEF, 0xFEDCBA9876543210
+    draws = iter([span_id, trace_id << 64, (trace_id << 64) | span_id])
+    monkeypatch.setattr(envelope, "_bits", lambda bits: next(draws))
+    assert envelope.traceparent_header("") == f"00-{trace_id:032x}-{span_id:016x}-01".encode()
+
+
 def test_encoded_headers_are_the_text_ones_encoded() -> None:
     template = envelope.HeaderTemplate("aistack.v1.CleanEvent", "svc_ingest")
     trace = envelope.new_traceparent()

@@ -4,6 +4,7 @@ send with the next one's decisions, against fakes of Faust and the producers."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,13 +118,30 @@ def events(*keys: str, partition: int = 0, first_offset: int = 0) -> list[FakeEv
     ]
 
 
+def one_by_one(decide_one: Callable[[FakeMessage], Outcome]) -> Any:
+    """A batch's ``decide`` of ``decide_one`` a message, each outcome with a
+    topic published from the message's partition, as ``RecordHandler.handle_batch``
+    publishes."""
+
+    def decide(messages: list[FakeMessage], publish: Any) -> list[Outcome]:
+        outcomes = []
+        for message in messages:
+            outcome = decide_one(message)
+            if outcome.topic:
+                publish(message.partition, outcome.topic, outcome.key, outcome.value, [])
+            outcomes.append(outcome)
+        return outcomes
+
+    return decide
+
+
 def decide_with(dedup: DedupWindow) -> Any:
     def decide(message: FakeMessage) -> Outcome:
         if not dedup.first_sighting(message.key, 1_000, message.partition, message.offset):
             return Outcome("duplicate", "", None, None, [])
         return clean(message)
 
-    return decide
+    return one_by_one(decide)
 
 
 def run(checkpoint: BatchCheckpoint, batch: list[FakeEvent], decide: Any) -> list[Outcome]:
@@ -180,9 +198,11 @@ def test_every_clean_event_of_a_record_goes_out_in_its_partition_transaction(
 ) -> None:
     checkpoint, writer, _ = make(monkeypatch, exactly_once=True)
 
-    def several(message: FakeMessage) -> Outcome:
-        extra = [(message.key, b"v2", []), (message.key, b"v3", [])]
-        return Outcome("clean", "clean", message.key, b"v1", [], event_id="x", more=extra)
+    def several(messages: list[FakeMessage], publish: Any) -> list[Outcome]:
+        (message,) = messages
+        for value in (b"v1", b"v2", b"v3"):
+            publish(message.partition, "clean", message.key, value, [])
+        return [Outcome("clean", "clean", message.key, b"v1", [], event_id="x")]
 
     outcomes = run(checkpoint, events("a", partition=2), several)
 
@@ -215,12 +235,13 @@ def journaled(journal: list[str], dedup: DedupWindow, answer: dict[bytes, asynci
     ``answer``, sets its event: the broker answers only then."""
     decide = decide_with(dedup)
 
-    def note(message: FakeMessage) -> Outcome:
-        journal.append(f"decide {message.key.decode()}")
-        if message.key in answer:
-            answer[message.key].set()
-        outcome: Outcome = decide(message)
-        return outcome
+    def note(messages: list[FakeMessage], publish: Any) -> list[Outcome]:
+        for message in messages:
+            journal.append(f"decide {message.key.decode()}")
+            if message.key in answer:
+                answer[message.key].set()
+        outcomes: list[Outcome] = decide(messages, publish)
+        return outcomes
 
     return note
 
