@@ -145,6 +145,27 @@ def read_metric(port: int, series: str) -> float:
     return sum_series(text, series)
 
 
+#: The longest pause between two scrapes of a counter a run is timed by.
+SCRAPE_EVERY_S = 0.2
+#: The shortest, as its count nears the end.
+SCRAPE_FLOOR_S = 0.005
+
+
+def next_scrape_in(seen: float, count: float, rate: float | None) -> float:
+    """Seconds to wait before scraping a counter again that should reach
+    ``count`` (at ``seen``, rising at ``rate`` a second, None before it rose).
+
+    Scraping is not free, so a counter is read every ``SCRAPE_EVERY_S``;
+    but a run timed to the first scrape that sees its end is timed up to
+    that pause late (a tenth of a run of 2 s). Near the end, then, it waits
+    half the time the rest should take, and no less than ``SCRAPE_FLOOR_S``:
+    a few scrapes more, the end seen within milliseconds."""
+    if not rate or rate <= 0:
+        return SCRAPE_EVERY_S
+    left_s = max(count - seen, 0.0) / rate
+    return min(SCRAPE_EVERY_S, max(SCRAPE_FLOOR_S, left_s / 2))
+
+
 def sum_series(text: str, series: str) -> float:
     """The sum of ``series``' samples in a Prometheus text exposition."""
     wanted = f"{series} "

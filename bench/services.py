@@ -20,6 +20,7 @@ from aistack.studies import load_spec
 from bench.harness import (
     child_env,
     kafka_settings,
+    next_scrape_in,
     python_module,
     read_metric,
     redis_settings,
@@ -126,9 +127,12 @@ def run_worker(
             now = time.perf_counter()
             if seen and first_at is None:
                 first_at, first_n = now, seen
-            if seen >= count and first_at is not None and first_n is not None:
-                return (seen - first_n) / (now - first_at)
-            time.sleep(0.2)  # scraping is not free: keep it out of the measurement
+            rate = None
+            if first_at is not None and first_n is not None and now > first_at:
+                if seen >= count:
+                    return (seen - first_n) / (now - first_at)
+                rate = (seen - first_n) / (now - first_at)
+            time.sleep(next_scrape_in(seen, count, rate))
         raise RuntimeError("worker did not finish in time")
     finally:
         worker.terminate()

@@ -64,6 +64,16 @@ def test_sum_series_adds_the_exact_series_only() -> None:
     assert harness.sum_series(text, "aistack_missing_total") == 0.0
 
 
+def test_a_counter_is_scraped_more_often_only_as_its_end_nears() -> None:
+    every, floor = harness.SCRAPE_EVERY_S, harness.SCRAPE_FLOOR_S
+    assert harness.next_scrape_in(0, 100_000, None) == every  # not rising yet
+    assert harness.next_scrape_in(10_000, 100_000, 40_000.0) == every  # 2.25 s to go
+    # 0.1 s to go: half of it, then down to the floor, never past the end.
+    assert harness.next_scrape_in(96_000, 100_000, 40_000.0) == pytest.approx(0.05)
+    assert harness.next_scrape_in(99_990, 100_000, 40_000.0) == floor
+    assert harness.next_scrape_in(100_000, 100_000, 40_000.0) == floor
+
+
 def test_read_metric_is_zero_before_the_process_answers() -> None:
     from shared.ports import free_port
 
