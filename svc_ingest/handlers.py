@@ -14,7 +14,7 @@ from typing import Literal, NamedTuple, Protocol
 from shared.bus import envelope
 from shared.bus.codec import type_name
 from shared.bus.deadletter import dead_letter, dead_letter_headers
-from shared.bus.envelope import ID, TRACEPARENT, content_type_and_trace, traceparent_header
+from shared.bus.envelope import content_type_and_trace, traceparent_header
 from shared.contracts.aistack.v1 import events_pb2
 from svc_ingest.cleaner import Cleaner
 from svc_ingest.dedup import DedupWindow
@@ -139,7 +139,7 @@ class RecordHandler:
         json_types = self._json
         first_sighting = self._dedup.first_sighting
         clean_topic = self._clean_topic
-        constant = self._clean_headers.constant
+        clean_headers = self._clean_headers.build_encoded
         now_ms = now_us // 1000
         for record in records:
             partition = record.partition
@@ -165,9 +165,7 @@ class RecordHandler:
                     if not first_sighting(id_bytes, now_ms, partition, offset):
                         keep(Outcome("duplicate", "", None, None, [], "", "", event_id))
                         continue
-                    headers_out = constant.copy()
-                    headers_out.append((ID, id_bytes))
-                    headers_out.append((TRACEPARENT, traceparent_header(parent)))
+                    headers_out = clean_headers(id_bytes, traceparent_header(parent))
                     publish(partition, clean_topic, key_out, event, headers_out)
                     keep(
                         Outcome("clean", clean_topic, key_out, event, headers_out, "", "", event_id)

@@ -102,13 +102,6 @@ class HeaderTemplate:
             (SOURCE, source.encode()),
         ]
 
-    @property
-    def constant(self) -> Headers:
-        """The constant headers, for a loop that builds many records: each
-        record's are a copy of these with its id and trace appended, as
-        ``build_encoded`` makes them (never changed in place)."""
-        return self._constant
-
     def build_fresh(self) -> tuple[str, Headers]:
         """Headers with a new event id and a new trace; returns (event id, headers)."""
         event_id = new_event_id()
