@@ -41,7 +41,7 @@ from svc_ingest.checkpoint import BatchCheckpoint, BatchPipeline, Decide
 from svc_ingest.cleaner import Cleaner
 from svc_ingest.dedup import DedupWindow, group_partition
 from svc_ingest.faust_compat import transport
-from svc_ingest.faust_compat.batches import take_batch
+from svc_ingest.faust_compat.batches import silence_message_hooks, take_batch
 from svc_ingest.faust_compat.tables import TableStore
 from svc_ingest.handlers import Outcome, Publish, RecordHandler
 from svc_ingest.metrics import IngestMetrics
@@ -140,8 +140,7 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
     )
     # Faust's Monitor sensor keeps per-message statistics that nothing here
     # reads (our counters are the Prometheus ones) at a few µs per record.
-    monitor: Any = app.monitor
-    monitor.on_message_in = monitor.on_message_out = _ignore
+    silence_message_hooks(app.monitor)
     raw_topic = app.topic(settings.source_topic, key_serializer="raw", value_serializer="raw")
     table = app.Table(
         DEDUP_TABLE,
@@ -290,10 +289,6 @@ class _Observer:
         for partition in self._lagging - held:
             self._metrics.consumer_lag.remove(str(partition))
         self._lagging &= held
-
-
-def _ignore(*args: Any) -> None:
-    return None
 
 
 def _store_url(store: str) -> str:

@@ -18,9 +18,31 @@ from faust.types.tuples import ConsumerMessage, ack_lock
 from mode.utils.futures import notify
 from mode.utils.queues import FlowControlQueue
 
-__all__ = ["ack_batch", "is_stale", "put_many", "take_batch"]
+__all__ = ["ack_batch", "is_stale", "put_many", "silence_message_hooks", "take_batch"]
 
 Event: TypeAlias = EventT[Any]
+
+#: A sensor's per-message hooks, called for every record in and out.
+MESSAGE_HOOKS = ("on_message_in", "on_message_out")
+
+
+def _silenced(*args: Any) -> None:
+    return None
+
+
+def silence_message_hooks(sensor: Any) -> None:
+    """Turn ``sensor``'s per-message hooks off: :func:`take_batch` and
+    :func:`ack_batch` then skip it, where Faust's sensor delegate calls every
+    sensor's hook for every record (Faust's Monitor keeps statistics there
+    that a service may not read)."""
+    for name in MESSAGE_HOOKS:
+        setattr(sensor, name, _silenced)
+
+
+def _message_hooks(app: AppT, name: str) -> list[Any]:
+    """The app's sensors' hooks ``name`` that are not silenced."""
+    hooks = (getattr(sensor, name) for sensor in app.sensors)
+    return [hook for hook in hooks if hook is not _silenced]
 
 
 def put_many(queue: Any, events: list[Event], on_high: Any, on_drop: Any) -> None:
@@ -118,7 +140,7 @@ def _admit_events(events: list[Event], app: AppT) -> list[Event]:
     flow_active = app.flow_control.is_active()
     acking_topics = app.topics.acking_topics
     unacked = consumer.unacked
-    on_message_in = app.sensors.on_message_in
+    hooks = _message_hooks(app, "on_message_in")
     out: list[Event] = []
     for event in events:
         message = event.message
@@ -128,7 +150,8 @@ def _admit_events(events: list[Event], app: AppT) -> list[Event]:
         if not message.tracked and message.topic in acking_topics:
             message.tracked = True
             unacked.add(message)
-            on_message_in(message.tp, message.offset, message)
+            for hook in hooks:
+                hook(message.tp, message.offset, message)
         out.append(event)
     return out
 
@@ -147,7 +170,7 @@ def ack_batch(events: Iterable[Event], app: AppT) -> int:
     through its own ``ack``.
     """
     consumer: Any = app.consumer
-    sensors = list(app.sensors)
+    hooks = _message_hooks(app, "on_message_out")
     acks_enabled_for = app.topics.acks_enabled_for
     committed_offsets = consumer._committed_offset
     acked_indexes = consumer._acked_index
@@ -161,7 +184,7 @@ def ack_batch(events: Iterable[Event], app: AppT) -> int:
                 if type(message) is not ConsumerMessage:
                     if message.ack(consumer):  # counted in _n_acked by its consumer
                         own += 1
-                        _message_out(sensors, message)
+                        _message_out(hooks, message)
                     continue
                 if message.acked:
                     continue
@@ -185,7 +208,8 @@ def ack_batch(events: Iterable[Event], app: AppT) -> int:
                 acked_index.add(offset)
                 acked_lists[tp].append(offset)
                 n += 1
-                _message_out(sensors, message)
+                if hooks:
+                    _message_out(hooks, message)
         finally:
             consumer._n_acked += n
             if consumer._waiting_for_ack is not None:
@@ -193,9 +217,9 @@ def ack_batch(events: Iterable[Event], app: AppT) -> int:
     return n + own
 
 
-def _message_out(sensors: list[Any], message: Message) -> None:
-    for sensor in sensors:
-        sensor.on_message_out(message.tp, message.offset, message)
+def _message_out(hooks: list[Any], message: Message) -> None:
+    for hook in hooks:
+        hook(message.tp, message.offset, message)
 
 
 def is_stale(events: Sequence[Event], app: AppT) -> bool:

@@ -7,6 +7,8 @@
   flow resumes after the seek to the committed offsets.
 * Table recovery's highwaters come from the broker and wait for it to have
   them (``svc_ingest.faust_compat.recovery``).
+* Each fetched record becomes Faust's message in one step, not through
+  aiokafka's ``ConsumerRecord`` (``fetched_message``).
 
 Each overrides private methods of ``faust.transport.drivers.aiokafka``.
 """
@@ -14,19 +16,73 @@ Each overrides private methods of ``faust.transport.drivers.aiokafka``.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, cast
 
+from aiokafka.consumer.fetcher import FetchResult
 from faust.transport.consumer import CONSUMER_FETCHING, RecordMap
 from faust.transport.drivers import aiokafka as _aiokafka
 from faust.types import TP, AppT, Message
+from faust.types.tuples import ConsumerMessage
 from mode import Service, ServiceT
 
 from svc_ingest.faust_compat import SCHEME
 from svc_ingest.faust_compat.delivery import BatchConductor
 from svc_ingest.faust_compat.recovery import HighwaterWait, settled_highwaters
 
-__all__ = ["BatchConsumer", "BatchConsumerThread", "batch_gate"]
+__all__ = ["BatchConsumer", "BatchConsumerThread", "batch_gate", "fetched_message"]
+
+
+def fetched_message(tp: TP, record: Any) -> ConsumerMessage:
+    """Faust's message for one record of a fetch response: what aiokafka's
+    ``PartitionRecords._consumer_record`` (without deserializers) and then
+    Faust's ``Consumer._to_message`` make of it, in one object instead of
+    two (0.6 against 1.0 µs a record in process). The generation id is set
+    where Faust's ``_to_message`` would have been called (``BatchConsumer``);
+    the headers stay the record's list (aiokafka copies them into a tuple,
+    which every reader then turns back into a list)."""
+    key = record.key
+    value = record.value
+    timestamp = record.timestamp
+    return ConsumerMessage(
+        tp.topic,
+        tp.partition,
+        record.offset,
+        cast(float, None) if timestamp is None else timestamp / 1000.0,
+        record.timestamp_type,
+        record.headers,
+        key,
+        value,
+        record.checksum,
+        -1 if key is None else len(key),
+        -1 if value is None else len(value),
+        tp,
+    )
+
+
+class _MessageFetches(OrderedDict[Any, Any]):
+    """aiokafka's ``Fetcher._records`` (each partition's fetched records, or
+    its error), whose record iterators yield ``fetched_message``'s messages:
+    each ``PartitionRecords`` looks ``_consumer_record`` up on itself per
+    record, so the instance's own attribute takes its place."""
+
+    def __setitem__(self, tp: Any, result: Any) -> None:
+        if type(result) is FetchResult:
+            records: Any = result._partition_records
+            if records is not None:
+                records._consumer_record = fetched_message
+        super().__setitem__(tp, result)
+
+
+def _fetch_messages(fetcher: Any) -> None:
+    """Have ``fetcher`` (aiokafka's, of one consumer) yield Faust's messages
+    from here on, where it has no deserializers (Faust gives it none)."""
+    if type(fetcher._records) is _MessageFetches:
+        return
+    if fetcher._key_deserializer is not None or fetcher._value_deserializer is not None:
+        return
+    fetcher._records = _MessageFetches(fetcher._records.items())
 
 
 class BatchConsumerThread(_aiokafka.AIOKafkaConsumerThread):
@@ -49,6 +105,21 @@ class BatchConsumerThread(_aiokafka.AIOKafkaConsumerThread):
         # Read by AIOKafkaConsumer.start() when it builds its Fetcher.
         consumer._fetch_max_wait_ms = self.fetch_max_wait_ms
         return consumer
+
+    async def _fetch_records(
+        self,
+        consumer: Any,
+        active_partitions: set[TP],
+        timeout: float | None = None,
+        max_records: int | None = None,
+    ) -> RecordMap:
+        # On the consumer's own thread, as everything else of its fetcher is.
+        if consumer._fetcher is not None:
+            _fetch_messages(consumer._fetcher)
+        records: RecordMap = await super()._fetch_records(
+            consumer, active_partitions, timeout=timeout, max_records=max_records
+        )
+        return records
 
     async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
         # Stock Faust, under exactly_once, returns the last stable offset of
@@ -261,12 +332,23 @@ class BatchConsumer(_aiokafka.Consumer):
             if messages:
                 await self._deliver(tp, messages)
 
+    def _to_message(self, tp: TP, record: Any) -> ConsumerMessage:
+        # Faust's own reads (``getmany``) of records the fetcher made messages.
+        if type(record) is ConsumerMessage:
+            record.generation_id = self.app.consumer_generation_id
+            return record
+        return super()._to_message(tp, record)
+
     async def _admit(self, tp: TP, recs: Iterable[Any]) -> list[Message]:
         # Read-offset filter and gap tracking, exactly as the stock loop computes
         # them, but against a running local offset instead of the dict per record.
+        # A record is a message already (``fetched_message``) unless it was
+        # fetched before the fetcher was switched over.
+        app = self.app
         to_message = self._to_message
         r_offset = self._read_offset[tp]
-        acks_enabled = self.app.topics.acks_enabled_for(tp.topic)
+        acks_enabled = app.topics.acks_enabled_for(tp.topic)
+        generation_id = app.consumer_generation_id
         out: list[Message] = []
         for record in recs:
             offset = record.offset
@@ -274,7 +356,12 @@ class BatchConsumer(_aiokafka.Consumer):
                 gap = offset - (r_offset or 0)
                 if gap > 1 and r_offset and acks_enabled:
                     await self._add_gap(tp, r_offset + 1, offset)
-                out.append(to_message(tp, record))
+                    generation_id = app.consumer_generation_id
+                if type(record) is ConsumerMessage:
+                    record.generation_id = generation_id
+                    out.append(record)
+                else:
+                    out.append(to_message(tp, record))
                 r_offset = offset
             else:
                 self.log.dev("DROPPED MESSAGE ROFF %r", offset)

@@ -417,3 +417,148 @@ def test_a_batch_acked_at_once_leaves_the_consumer_as_faust_acking_each_would() 
     assert seen == faust_seen
     assert [e.message.acked for e in events] == [m.message.acked for m in faust_events]
     assert [e.message.refcount for e in events] == [m.message.refcount for m in faust_events]
+
+
+def _fetched(records: list[tuple[int, bytes | None, bytes | None, list[Any]]]) -> Any:
+    """A real aiokafka PartitionRecords over one record batch, as a fetch
+    response brings it: (timestamp, key, value, headers) each."""
+    from aiokafka.consumer.fetcher import PartitionRecords
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+    from aiokafka.record.memory_records import MemoryRecords
+    from aiokafka.structs import TopicPartition
+
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    for offset, (timestamp, key, value, headers) in enumerate(records):
+        builder.append(offset, timestamp=timestamp, key=key, value=value, headers=headers)
+    tp = TopicPartition("raw", 2)
+    return tp, PartitionRecords(
+        tp, MemoryRecords(bytes(builder.build())), [], 0, None, None, True, "read_uncommitted"
+    )
+
+
+RECORDS: list[tuple[int, bytes | None, bytes | None, list[Any]]] = [
+    (1_700_000_000_123, b"sensor-1", b'{"v": 1}', [("content-type", b"application/json")]),
+    (1_700_000_000_456, None, b"x", []),
+    (1_700_000_000_789, b"k", None, [("a", b"1"), ("b", None)]),
+]
+
+
+def test_a_fetched_record_becomes_the_message_faust_makes_of_aiokafkas_record() -> None:
+    """``fetched_message`` makes in one step the message that aiokafka's
+    ConsumerRecord and then Faust's ``_to_message`` make in two: every
+    field the same (headers as the record's list, not aiokafka's tuple)."""
+    from types import SimpleNamespace
+
+    from faust.transport.drivers.aiokafka import Consumer
+    from faust.types.tuples import ConsumerMessage
+
+    from svc_ingest.faust_compat.consumer import fetched_message
+
+    faust_consumer: Any = SimpleNamespace(app=SimpleNamespace(consumer_generation_id=None))
+    tp, stock = _fetched(RECORDS)
+    _, fused = _fetched(RECORDS)
+    fused._consumer_record = fetched_message
+    # Not set by either: span (a tracer's), time_in/out/total.
+    unset = ("__weakref__", "headers", "span")
+    fields = [s for s in ConsumerMessage.__slots__ if s not in unset]
+    for aiokafka_record, message in zip(list(stock), list(fused), strict=True):
+        faust_message = Consumer._to_message(faust_consumer, tp, aiokafka_record)
+        assert type(message) is ConsumerMessage
+        for field in fields:
+            assert getattr(message, field) == getattr(faust_message, field), field
+        assert message.headers == list(faust_message.headers)
+
+
+def test_the_fetcher_switched_over_yields_messages_for_what_it_holds_and_fetches() -> None:
+    """A fetcher's results, those it held when switched and those it stores
+    after, yield Faust's messages; the batch consumer admits them with the
+    current generation, and records fetched before the switch as Faust would."""
+    from types import SimpleNamespace
+
+    from aiokafka.consumer.fetcher import FetchResult
+    from faust.transport.drivers.aiokafka import Consumer
+    from faust.types.tuples import ConsumerMessage
+
+    from svc_ingest.faust_compat.consumer import BatchConsumer, _fetch_messages
+
+    def result() -> Any:
+        tp, records = _fetched(RECORDS)
+        assignment = SimpleNamespace(
+            active=True,
+            state_value=lambda tp: SimpleNamespace(consumed_to=lambda offset: None, paused=False),
+        )
+        found = FetchResult(tp, assignment=assignment, partition_records=records, backoff=0)
+        found.check_assignment = lambda tp: True
+        return tp, found
+
+    held_tp, held = result()
+    fetcher: Any = SimpleNamespace(
+        _records={held_tp: held}, _key_deserializer=None, _value_deserializer=None
+    )
+    _fetch_messages(fetcher)
+    _fetch_messages(fetcher)  # once is enough; again changes nothing
+    later_tp, later = result()
+    fetcher._records[("later", 0)] = later
+    assert all(type(m) is ConsumerMessage for m in held.getall())
+    fetched = later.getall()
+    assert [m.offset for m in fetched] == [0, 1, 2]
+
+    _, stock = _fetched(RECORDS)
+    aiokafka_records = list(stock)
+    consumer: Any = SimpleNamespace(
+        app=SimpleNamespace(
+            consumer_generation_id=4,
+            topics=SimpleNamespace(acks_enabled_for=lambda topic: True),
+        ),
+        _read_offset={later_tp: None},
+        log=SimpleNamespace(dev=lambda *args: None),
+    )
+    # What Faust's _to_message makes of a record fetched before the switch.
+    consumer._to_message = lambda tp, record: Consumer._to_message(consumer, tp, record)
+    admitted = asyncio.run(
+        BatchConsumer._admit(consumer, later_tp, [fetched[0], aiokafka_records[1], fetched[2]])
+    )
+    assert [type(m) for m in admitted] == [ConsumerMessage] * 3
+    assert [m.generation_id for m in admitted] == [4, 4, 4]
+    assert admitted[0] is fetched[0]
+    assert admitted[1].value == aiokafka_records[1].value
+    consumer.app.consumer_generation_id = 5  # Faust's own getmany reads through here
+    assert BatchConsumer._to_message(consumer, later_tp, fetched[1]) is fetched[1]
+    assert fetched[1].generation_id == 5
+
+
+def test_silenced_message_hooks_are_skipped_and_the_others_still_called() -> None:
+    from types import SimpleNamespace
+
+    import faust
+    from faust.types.tuples import ConsumerMessage, Message
+
+    from svc_ingest.faust_compat.batches import _message_hooks, ack_batch, silence_message_hooks
+
+    app: Any = faust.App("hooks", broker="kafka://127.0.0.1:1")
+    app.topics._acking_topics.add("raw")
+    seen: list[int] = []
+
+    class Seen(faust.Sensor):
+        def on_message_out(self, tp: TP, offset: int, message: Message) -> None:
+            seen.append(offset)
+
+    silence_message_hooks(app.monitor)
+    app.sensors.add(app.monitor)
+    assert _message_hooks(app, "on_message_out") == []
+    app.sensors.add(Seen())
+    assert len(_message_hooks(app, "on_message_out")) == 1
+    tp = TP("raw", 0)
+    app.consumer._committed_offset[tp] = None
+    message = ConsumerMessage("raw", 0, 5, 0.0, 0, [], b"k", b"v", None, tp=tp)
+    message.refcount = 1
+    assert ack_batch([SimpleNamespace(message=message)], app) == 1
+    assert seen == [5]
