@@ -8,11 +8,13 @@ without notice:
 
 * ``batches``: bulk put/get on a stream's channel queue (asyncio's and mode's
   queue internals): ``take_batch`` and ``ack_batch``; ``is_stale``, whether
-  a batch was fetched before the last rebalance.
+  a batch was fetched before the last rebalance; sensors' per-message hooks
+  turned off (``silence_message_hooks``).
 * ``delivery``: the conductor's per-partition handler with a batch path.
 * ``consumer``: the consumer's drain loop per fetched batch, the batch gate,
-  the stream hold after a rebalance, and highwaters that wait for a broker
-  that has just come up (``recovery``).
+  the stream hold after a rebalance, highwaters that wait for a broker
+  that has just come up (``recovery``), and Faust's messages made by
+  aiokafka's fetcher (its ``Fetcher._records``, ``PartitionRecords``).
 * ``recovery``: that wait, apart from Faust so it can be tested.
 * ``changelog_idle``: table recovery's wait at the end of a transactional
   changelog, shortened (Faust's module-level ``asyncio``).
