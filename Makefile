@@ -82,8 +82,9 @@ $(UV):
 venv: | $(UV)
 	@UV_PYTHON_DOWNLOADS=never $(UV) sync --quiet --frozen --compile-bytecode --python $(PYTHON) $(addprefix --extra ,$(EXTRAS))
 
-# svc_ingest's compiled path for the common sensor reading (svc_ingest/sensor_bytes.py);
-# rebuilt when its source is newer.
+# svc_ingest's compiled paths: the common sensor reading (svc_ingest/sensor_bytes.py)
+# and the dedup window's index of ids (svc_ingest/id_index.py); each rebuilt
+# when its source is newer.
 native: | venv
 	@$(PY) -m svc_ingest.sensor_bytes_build
 

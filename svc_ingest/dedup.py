@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from svc_ingest.id_index import IdIndex, id_key
+from svc_ingest.id_index import IdIndex, Index, id_key
 
 _ENTRY = struct.Struct(">QH")  # first-seen ms, id length; the id follows
 
@@ -80,7 +80,7 @@ class DedupWindow:
         self._window_ms = window_ms
         # id → first-seen ms, the pending ids too: one probe an event decides
         # and holds it, and a repeat within the batch finds it there.
-        self._seen = IdIndex()
+        self._seen: Index = IdIndex()
         self._pending: PendingIds = {}
         self._expiry: deque[_StoredGroup] = deque()  # oldest first
 

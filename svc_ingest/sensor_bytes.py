@@ -16,12 +16,20 @@ outcome of a record is the same with or without it
 ``make setup`` builds it (``python -m svc_ingest.sensor_bytes_build``);
 without it, ``compiled`` returns None and every record takes the Python
 path, which the worker says once at start-up.
+
+It also makes a fresh trace's traceparent header (``fresh_traceparent``),
+what ``shared.bus.envelope.traceparent_header("")`` makes, with a generator
+of its own: every clean record of a reading that carried no trace needs one.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
+from shared.bus.envelope import traceparent_header
 from svc_ingest.cleaner import Cleaner, content_hash
 
 try:
@@ -30,6 +38,14 @@ except ImportError:  # not built: the Python path cleans every record
     _sensor_bytes = None
 
 BUILT = _sensor_bytes is not None
+
+#: ``fresh_traceparent()``: a new trace's traceparent header value, as
+#: ``traceparent_header("")`` gives it (0.07 against 0.9 µs in process).
+fresh_traceparent: Callable[[], bytes] = partial(traceparent_header, "")
+if _sensor_bytes is not None:
+    fresh_traceparent = _sensor_bytes.fresh_traceparent
+    # A forked child must not repeat its parent's ids.
+    os.register_at_fork(after_in_child=_sensor_bytes.reseed)
 #: CleanEvent.event_id's tag: field 1, length-delimited.
 _EVENT_ID_TAG = b"\x0a"
 

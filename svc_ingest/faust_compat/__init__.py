@@ -7,10 +7,12 @@ module below reads or overrides attributes that a release may rename
 without notice:
 
 * ``batches``: bulk put/get on a stream's channel queue (asyncio's and mode's
-  queue internals): ``take_batch`` and ``ack_batch``; ``is_stale``, whether
-  a batch was fetched before the last rebalance; sensors' per-message hooks
-  turned off (``silence_message_hooks``).
-* ``delivery``: the conductor's per-partition handler with a batch path.
+  queue internals): ``take_batch`` and ``ack_batch``, which track and untrack
+  messages in the consumer's ``WeakSet`` through its data; ``is_stale``,
+  whether a batch was fetched before the last rebalance; sensors'
+  per-message hooks turned off (``silence_message_hooks``).
+* ``delivery``: the conductor's per-partition handler with a batch path,
+  whose events make their headers' dict only when read (``RawEvent``).
 * ``consumer``: the consumer's drain loop per fetched batch, the batch gate,
   the stream hold after a rebalance, highwaters that wait for a broker
   that has just come up (``recovery``), and Faust's messages made by
@@ -22,7 +24,8 @@ without notice:
   compressor, not LZ4HC).
 * ``producer``: the transactional producer of a source partition, the
   default partitioner, topic metadata; the source partitions' transactions
-  committed side by side.
+  committed side by side; aiokafka's batches filled through their compiled
+  record builder (``BatchSlot``).
 * ``tables``: a table's local store as a mapping, and the changelog offsets
   Faust's recovery starts from.
 * ``transport``: the ``aistack-kafka://`` scheme that puts them together.

@@ -9,9 +9,10 @@ mode's ``FlowControlQueue`` internals.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, MutableSet, Sequence
 from time import monotonic
 from typing import Any, TypeAlias
+from weakref import WeakSet, ref
 
 from faust.types import AppT, EventT, Message
 from faust.types.tuples import ConsumerMessage, ack_lock
@@ -140,6 +141,8 @@ def _admit_events(events: list[Event], app: AppT) -> list[Event]:
     flow_active = app.flow_control.is_active()
     acking_topics = app.topics.acking_topics
     unacked = consumer.unacked
+    weak = _weak_data(unacked)
+    on_dead: Any = getattr(unacked, "_remove", None)
     hooks = _message_hooks(app, "on_message_in")
     out: list[Event] = []
     for event in events:
@@ -149,7 +152,10 @@ def _admit_events(events: list[Event], app: AppT) -> list[Event]:
             continue
         if not message.tracked and message.topic in acking_topics:
             message.tracked = True
-            unacked.add(message)
+            if weak is not None:
+                weak.add(ref(message, on_dead))
+            else:
+                unacked.add(message)
             for hook in hooks:
                 hook(message.tp, message.offset, message)
         out.append(event)
@@ -176,6 +182,7 @@ def ack_batch(events: Iterable[Event], app: AppT) -> int:
     acked_indexes = consumer._acked_index
     acked_lists = consumer._acked
     unacked = consumer._unacked_messages
+    weak = _weak_data(unacked)
     n = own = 0
     with ack_lock:
         try:
@@ -204,7 +211,10 @@ def ack_batch(events: Iterable[Event], app: AppT) -> int:
                 acked_index = acked_indexes[tp]
                 if offset in acked_index:
                     continue
-                unacked.discard(message)
+                if weak is not None:
+                    weak.discard(ref(message))
+                else:
+                    unacked.discard(message)
                 acked_index.add(offset)
                 acked_lists[tp].append(offset)
                 n += 1
@@ -215,6 +225,22 @@ def ack_batch(events: Iterable[Event], app: AppT) -> int:
             if consumer._waiting_for_ack is not None:
                 notify(consumer._waiting_for_ack)
     return n + own
+
+
+def _weak_data(messages: MutableSet[Message]) -> Any:
+    """The set of weak references behind Faust's ``WeakSet`` of unacked
+    messages, its pending removals committed, or None for another set.
+
+    Per message, ``data.add(ref(message, messages._remove))`` is what the
+    WeakSet's ``add`` does and ``data.discard(ref(message))`` its
+    ``discard``, each without the Python call around it (a fifth of a µs a
+    message, both ways)."""
+    if type(messages) is not WeakSet:
+        return None
+    weak: Any = messages
+    if weak._pending_removals:
+        weak._commit_removals()
+    return weak.data
 
 
 def _message_out(hooks: list[Any], message: Message) -> None:

@@ -40,8 +40,8 @@ def fetched_message(tp: TP, record: Any) -> ConsumerMessage:
     Faust's ``Consumer._to_message`` make of it, in one object instead of
     two (0.6 against 1.0 µs a record in process). The generation id is set
     where Faust's ``_to_message`` would have been called (``BatchConsumer``);
-    the headers stay the record's list (aiokafka copies them into a tuple,
-    which every reader then turns back into a list)."""
+    the headers stay the record's list (aiokafka copied them into a tuple,
+    which the record handler then copied back into a list)."""
     key = record.key
     value = record.value
     timestamp = record.timestamp
@@ -116,10 +116,9 @@ class BatchConsumerThread(_aiokafka.AIOKafkaConsumerThread):
         # On the consumer's own thread, as everything else of its fetcher is.
         if consumer._fetcher is not None:
             _fetch_messages(consumer._fetcher)
-        records: RecordMap = await super()._fetch_records(
+        return await super()._fetch_records(
             consumer, active_partitions, timeout=timeout, max_records=max_records
         )
-        return records
 
     async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
         # Stock Faust, under exactly_once, returns the last stable offset of

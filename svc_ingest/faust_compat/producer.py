@@ -12,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import UnknownTopicOrPartitionError
+from aiokafka.producer.message_accumulator import BatchBuilder
 from faust.transport.drivers import aiokafka as _aiokafka
 from faust.types import TP, AppT
 
 __all__ = [
+    "BatchSlot",
     "Producer",
     "default_producer",
     "partition_for",
@@ -119,3 +121,48 @@ def partition_for(producer: AIOKafkaProducer, topic: str, key: bytes | None, kno
     every = list(range(count))
     available = sorted(cluster.available_partitions_for_topic(topic) or ()) or every
     return int(producer._partitioner(key, every, available))
+
+
+class BatchSlot:
+    """The open batch of one (producer, topic, partition), filled through its
+    compiled record builder: ``append(count, None, key, value, headers)`` is
+    the builder's own ``append`` (offset, timestamp, key, value, headers),
+    which returns None when the batch is full (or, empty, when one record
+    is larger than a batch). aiokafka's ``BatchBuilder.append`` wraps that in
+    a Python call with keywords, a serializer call and a closed check, which
+    a record paid on svc_ingest's hot path; a slot's producer has no
+    serializers (svc_ingest sends bytes), so the wrapper added nothing.
+
+    ``count``: the records appended to the open batch, which the caller
+    counts up after each append that did not return None.
+    """
+
+    __slots__ = ("_builder", "append", "count", "partition", "producer", "topic")
+
+    def __init__(self, producer: AIOKafkaProducer, topic: str, partition: int) -> None:
+        self.producer = producer
+        self.topic = topic
+        self.partition = partition
+        self._open()
+
+    def _open(self) -> None:
+        builder: Any = self.producer.create_batch()
+        if builder._key_serializer is not None or builder._value_serializer is not None:
+            raise TypeError("a BatchSlot's producer must not serialize: it is handed bytes")
+        self._builder = builder
+        self.append = builder._builder.append
+        self.count = 0
+
+    def take(self) -> BatchBuilder:
+        """The open batch, closed for ``send_batch`` with its record count,
+        and a new empty one open in its place."""
+        builder: Any = self._builder
+        builder._relative_offset = self.count  # what record_count() reports
+        builder.close()
+        self._open()
+        return cast(BatchBuilder, builder)
+
+    def discard(self) -> None:
+        """Drop what the open batch holds: a new empty one in its place."""
+        if self.count:
+            self._open()

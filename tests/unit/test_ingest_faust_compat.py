@@ -562,3 +562,89 @@ def test_silenced_message_hooks_are_skipped_and_the_others_still_called() -> Non
     message.refcount = 1
     assert ack_batch([SimpleNamespace(message=message)], app) == 1
     assert seen == [5]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [[("content-type", b"application/json"), ("x", b"1")], [], None, {"x": b"1"}],
+    ids=["pairs", "none-given", "None", "dict"],
+)
+def test_a_raw_event_reads_as_the_event_faust_makes(headers: Any) -> None:
+    import faust
+    from faust.types.tuples import ConsumerMessage
+
+    from svc_ingest.faust_compat.delivery import RawEvent
+
+    message = ConsumerMessage("raw", 0, 7, 0.0, 0, headers or [], b"k", b"v", None)
+    ours = RawEvent(None, b"k", b"v", headers, message)  # type: ignore[arg-type]
+    theirs = faust.Event(None, b"k", b"v", headers, message)  # type: ignore[arg-type]
+    for name in ("app", "key", "value", "message", "acked", "headers"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+    assert ours.headers is ours.headers  # made once
+    ours.headers = theirs.headers = {"y": b"2"}
+    assert ours.headers == theirs.headers
+
+
+def test_the_raw_path_delivers_raw_events_unless_the_app_names_its_own() -> None:
+    import faust
+
+    from svc_ingest.faust_compat.delivery import BatchConductor, BatchHandler, RawEvent
+
+    class Mine(faust.Event):
+        pass
+
+    for configured, made in ((faust.Event, RawEvent), (Mine, Mine)):
+        app = faust.App(f"raw-events-{made.__name__}", Event=configured)
+        conductor = BatchConductor(app)
+        handler = BatchHandler(conductor, TP("raw", 0), set(), None)
+        assert handler.event_cls is made
+
+
+def test_a_batch_taken_tracks_its_messages_as_faust_tracks_each() -> None:
+    """``take_batch`` admits a batch as Faust's stream admits each event:
+    the same messages tracked in the consumer's weak set of unacked ones
+    (a message that is gone leaves it), the stale generation's acked and
+    dropped; then ``ack_batch`` leaves none unacked."""
+    import gc
+    from types import SimpleNamespace
+
+    import faust
+    from faust.types.tuples import ConsumerMessage
+
+    from svc_ingest.faust_compat.batches import ack_batch, take_batch
+
+    def scene() -> tuple[Any, list[Any]]:
+        app: Any = faust.App("take-batch", broker="kafka://127.0.0.1:1")
+        app.topics._acking_topics.add("raw")
+        app.consumer_generation_id = 2
+        app.flow_control.resume()
+        tp = TP("raw", 0)
+        events = []
+        for i in range(6):
+            message = ConsumerMessage("raw", 0, i, 0.0, 0, [], b"k", b"v", None, tp=tp)
+            message.refcount = 1
+            message.generation_id = 1 if i == 0 else 2  # the first one is stale
+            events.append(SimpleNamespace(message=message))
+        return app, events
+
+    async def take(app: Any, events: list[Any]) -> list[Any]:
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        for event in events:
+            queue.put_nowait(event)
+        return await take_batch(queue, 10, 0.0, app=app)
+
+    faust_app, faust_events = scene()
+    for event in faust_events[1:]:  # what Stream does per event it admits
+        faust_app.consumer.track_message(event.message)
+    app, events = scene()
+    taken = asyncio.run(take(app, events))
+    assert [e.message.offset for e in taken] == [1, 2, 3, 4, 5]
+    assert events[0].message.acked  # the stale one, acked and dropped
+    assert sorted(m.offset for m in app.consumer.unacked) == sorted(
+        m.offset for m in faust_app.consumer.unacked
+    )
+    del events, taken[4]  # a message gone from everywhere leaves the weak set
+    gc.collect()
+    assert sorted(m.offset for m in app.consumer.unacked) == [1, 2, 3, 4]
+    ack_batch(taken, app)
+    assert not app.consumer.unacked

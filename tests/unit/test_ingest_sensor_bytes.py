@@ -5,6 +5,8 @@ leaves to the Python path (it never rejects)."""
 from __future__ import annotations
 
 import json
+import os
+import re
 from typing import Any
 
 import pytest
@@ -25,6 +27,7 @@ RULES = CleaningRules(metric_ranges={"temperature": (-90.0, 60.0)})
 NOW_US = 2_000_000_000 * 10**6
 SOURCE = "aistack.events.raw"
 JSON = [("content-type", b"application/json")]
+TRACEPARENT = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-01$")
 
 
 def test_make_setup_built_the_compiled_path() -> None:
@@ -257,3 +260,44 @@ def test_only_what_decode_reads_as_json_takes_the_compiled_path(
     assert (found.kind, found.reason, found.key) == (expected.kind, expected.reason, expected.key)
     assert (found.kind == "clean") is compiled
     assert payload.reads_as_json_object(content_type) is compiled
+
+
+def test_a_fresh_traceparent_is_w3c_and_new_each_time() -> None:
+    drawn = [sensor_bytes.fresh_traceparent() for _ in range(10_000)]
+    assert all(TRACEPARENT.match(value.decode()) for value in drawn)
+    assert len(set(drawn)) == len(drawn)
+    # Trace and span ids alike: neither half repeats another draw's.
+    assert len({value[3:35] for value in drawn}) == len(drawn)
+    assert len({value[36:52] for value in drawn}) == len(drawn)
+
+
+def test_a_forked_child_draws_other_traces_than_its_parent() -> None:
+    # Without the reseed at fork, a child's generator starts where its
+    # parent's stood, and the two draw the same traces.
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        os.write(writing, b"".join(sensor_bytes.fresh_traceparent() for _ in range(3)))
+        os._exit(0)
+    os.close(writing)
+    _, status = os.waitpid(child, 0)
+    theirs = os.read(reading, 3 * 55)
+    os.close(reading)
+    assert os.waitstatus_to_exitcode(status) == 0 and len(theirs) == 3 * 55
+    mine = b"".join(sensor_bytes.fresh_traceparent() for _ in range(3))
+    assert mine != theirs
+
+
+def test_a_clean_record_carries_a_fresh_trace_or_its_readings_continued() -> None:
+    compiled, _ = handlers()
+    reading = sensor_event(7, NOW_US / 1e6)
+    fresh = compiled.handle(0, 1, b"k", reading, JSON, NOW_US)
+    parent = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
+    traced = compiled.handle(
+        0, 2, b"k", sensor_event(8, NOW_US / 1e6), [*JSON, ("traceparent", parent.encode())], NOW_US
+    )
+    fresh_trace = dict(fresh.headers)["traceparent"].decode()
+    traced_trace = dict(traced.headers)["traceparent"].decode()
+    assert TRACEPARENT.match(fresh_trace) and fresh_trace.split("-")[1] != "a" * 32
+    assert TRACEPARENT.match(traced_trace)
+    assert traced_trace.split("-")[1] == "a" * 32 and traced_trace.split("-")[2] != "b" * 16
