@@ -36,7 +36,7 @@ from shared.bus.topics import (
 )
 from shared.log import get_logger
 from shared.settings import KafkaSettings
-from svc_ingest import sensor_bytes
+from svc_ingest import id_index, sensor_bytes
 from svc_ingest.checkpoint import BatchCheckpoint, BatchPipeline, Decide
 from svc_ingest.cleaner import Cleaner
 from svc_ingest.dedup import DedupWindow, group_partition
@@ -166,6 +166,12 @@ def create_app(settings: IngestSettings, metrics: IngestMetrics, *, partitions: 
             "cleaner.python_only",
             why="svc_ingest._sensor_bytes is not built (make setup builds it): "
             "every record takes the Python path, at about half the rate",
+        )
+    if not id_index.BUILT:
+        log.warning(
+            "dedup.python_index",
+            why="svc_ingest._id_table is not built (make setup builds it): "
+            "the dedup window's index runs in Python, a claim four times as dear",
         )
     checkpoint = BatchCheckpoint(
         app,

@@ -106,7 +106,7 @@ def test_what_a_batch_given_up_added_is_not_sent_with_the_next() -> None:
 
     async def batches() -> None:
         await writer.use_partitions({0}, ["clean"])
-        for i in range(30):  # full builders among them
+        for _ in range(30):  # full builders among them
             writer.add(0, "clean", b"device", b"v" * 100, [])
         # given up: the next batch starts without flushing this one
         await writer.use_partitions({0}, ["clean"])
