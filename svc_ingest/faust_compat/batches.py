@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, MutableSet, Sequence
 from time import monotonic
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 from weakref import WeakSet, ref
 
 from faust.types import AppT, EventT, Message
@@ -142,7 +142,6 @@ def _admit_events(events: list[Event], app: AppT) -> list[Event]:
     acking_topics = app.topics.acking_topics
     unacked = consumer.unacked
     weak = _weak_data(unacked)
-    on_dead: Any = getattr(unacked, "_remove", None)
     hooks = _message_hooks(app, "on_message_in")
     out: list[Event] = []
     for event in events:
@@ -153,7 +152,7 @@ def _admit_events(events: list[Event], app: AppT) -> list[Event]:
         if not message.tracked and message.topic in acking_topics:
             message.tracked = True
             if weak is not None:
-                weak.add(ref(message, on_dead))
+                weak.data.add(ref(message, weak.on_gone))
             else:
                 unacked.add(message)
             for hook in hooks:
@@ -212,7 +211,7 @@ def ack_batch(events: Iterable[Event], app: AppT) -> int:
                 if offset in acked_index:
                     continue
                 if weak is not None:
-                    weak.discard(ref(message))
+                    weak.data.discard(ref(message))
                 else:
                     unacked.discard(message)
                 acked_index.add(offset)
@@ -227,20 +226,28 @@ def ack_batch(events: Iterable[Event], app: AppT) -> int:
     return n + own
 
 
-def _weak_data(messages: MutableSet[Message]) -> Any:
-    """The set of weak references behind Faust's ``WeakSet`` of unacked
-    messages, its pending removals committed, or None for another set.
+class _WeakData(NamedTuple):
+    """The insides of a ``WeakSet``: its set of weak references, and the
+    callback each carries that removes it once its message is gone."""
 
-    Per message, ``data.add(ref(message, messages._remove))`` is what the
-    WeakSet's ``add`` does and ``data.discard(ref(message))`` its
-    ``discard``, each without the Python call around it (a fifth of a µs a
-    message, both ways)."""
+    data: set[Any]
+    on_gone: Any
+
+
+def _weak_data(messages: MutableSet[Message]) -> _WeakData | None:
+    """The insides of Faust's ``WeakSet`` of unacked messages, its pending
+    removals committed, or None for another set.
+
+    Per message, ``data.add(ref(message, on_gone))`` is what the WeakSet's
+    ``add`` does and ``data.discard(ref(message))`` its ``discard``, each
+    without the Python call around it (a fifth of a µs a message, both
+    ways)."""
     if type(messages) is not WeakSet:
         return None
     weak: Any = messages
     if weak._pending_removals:
         weak._commit_removals()
-    return weak.data
+    return _WeakData(weak.data, weak._remove)
 
 
 def _message_out(hooks: list[Any], message: Message) -> None:
