@@ -132,7 +132,7 @@ def warm_up(dump_to: Path, work_dir: Path) -> None:
     from shared.settings import load_settings
     from svc_transform.settings import TransformSettings
     from svc_transform.spark import session
-    from svc_transform.windows import aggregate, decode, observations, window_specs
+    from svc_transform.windows import aggregate, window_specs
 
     settings = load_settings(TransformSettings)
     # Local whatever the settings name: the driver's classes are what is
@@ -166,9 +166,7 @@ def warm_up(dump_to: Path, work_dir: Path) -> None:
             F.col("timestamp"),
         )
     )
-    windows = aggregate(
-        observations(decode(records)), window_specs(settings), settings.watermark_seconds
-    )
+    windows = aggregate(records, window_specs(settings), settings.watermark_seconds)
     query = (
         windows.writeStream.outputMode("append")
         .format("noop")

@@ -10,6 +10,8 @@ from the contracts' descriptor set; no Python per row). Sources:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pyspark.sql import SparkSession
 from pyspark.sql.types import BinaryType, DoubleType, StringType
 
@@ -24,20 +26,20 @@ WEB_LATENCY_UNIT = "ms"
 CLEAN_EVENT_ERROR = "aistack_clean_event_error"
 ENCODE_FEATURE_WINDOW = "aistack_encode_feature_window"
 ENCODE_DEAD_LETTER = "aistack_encode_dead_letter"
-#: Aggregate: values to a mergeable quantile sketch (Spark's percentile_approx digest).
-SKETCH_VALUES = "aistack_sketch_values"
-#: Aggregate: sketches to the sketch of all their values.
+#: Aggregate: quantile sketches (Spark's percentile_approx digest, as
+#: ``summarise_panes`` makes them) to the sketch of all their values.
 MERGE_SKETCHES = "aistack_merge_sketches"
 #: (sketch, fraction) to the approximate percentile.
 SKETCH_PERCENTILE = "aistack_sketch_percentile"
-#: Aggregate: records' (topic, partition, offset) to their offset ranges, one per
-#: partition (a ``struct<ranges: array<struct<topic, partition, minOffset,
-#: maxOffset, count>>>``, sorted by topic and partition).
-RECORD_OFFSET_RANGES = "aistack_record_offset_ranges"
-#: Aggregate: the ``ranges`` of such results to the ranges of all their records.
+#: Aggregate: offset ranges (``ranges``: ``array<struct<topic, partition,
+#: minOffset, maxOffset, count>>``, one per partition) to the ranges of all
+#: their records (``struct<ranges: ...>``, sorted by topic and partition).
 MERGE_OFFSET_RANGES = "aistack_merge_offset_ranges"
 
 _PACKAGE = "dev.aistack.transform"
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 def register(spark: SparkSession) -> None:
@@ -56,9 +58,25 @@ def register(spark: SparkSession) -> None:
         spark._jsparkSession, DECODE_OBSERVATIONS, WEB_LATENCY, WEB_LATENCY_UNIT
     )
     jvm.dev.aistack.transform.Aggregates.register(
-        spark._jsparkSession,
-        SKETCH_VALUES,
-        MERGE_SKETCHES,
-        RECORD_OFFSET_RANGES,
-        MERGE_OFFSET_RANGES,
+        spark._jsparkSession, MERGE_SKETCHES, MERGE_OFFSET_RANGES
+    )
+
+
+def summarise_panes(records: DataFrame, pane_seconds: int) -> DataFrame:
+    """Kafka records of clean events (``value``, ``topic``, ``partition``,
+    ``offset``) to each task's summary per (pane, entity, metric, path, unit)
+    of their observations: a pane's ``window``, the dimensions, ``n``,
+    ``mean``, ``m2``, ``min``, ``max``, ``last``, ``last_event_time``,
+    ``sketch``, ``errors``, ``error_n``, ``sources`` and ``event_time`` (its
+    latest event's), in one pass of the JVM's (``PaneSummaries``); records
+    that are not usable CleanEvents give nothing."""
+    from pyspark.sql.classic.dataframe import DataFrame as ClassicFrame
+
+    session = records.sparkSession
+    jvm = session.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("the SparkContext has no JVM (stopped?)")
+    summarise = jvm.dev.aistack.transform.PaneSummaries.summarise
+    return ClassicFrame(
+        summarise(records._jdf, pane_seconds, WEB_LATENCY, WEB_LATENCY_UNIT), session
     )

@@ -46,8 +46,6 @@ from svc_transform.sinks import (
 from svc_transform.windows import (
     WindowSpec,
     aggregate,
-    decode,
-    observations,
     running_windows,
     window_specs,
 )
@@ -186,7 +184,7 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
     )
     windows = (
         aggregate(
-            observations(decode(read_clean_events(spark, settings, headers=False))),
+            read_clean_events(spark, settings, headers=False),
             window_specs(settings),
             settings.watermark_seconds,
         )
@@ -242,7 +240,7 @@ def start_open_windows(
     try:
         return (
             running_windows(
-                observations(decode(read_clean_events(spark, settings, headers=False))),
+                read_clean_events(spark, settings, headers=False),
                 open_window_specs(settings),
                 settings.watermark_seconds,
             )

@@ -21,9 +21,8 @@ from svc_transform.functions import (
     ENCODE_FEATURE_WINDOW,
     MERGE_OFFSET_RANGES,
     MERGE_SKETCHES,
-    RECORD_OFFSET_RANGES,
     SKETCH_PERCENTILE,
-    SKETCH_VALUES,
+    summarise_panes,
 )
 
 if TYPE_CHECKING:
@@ -63,9 +62,9 @@ def observations(decoded: DataFrame) -> DataFrame:
     ``is_error`` 1.0 for a status of 500 or more), each with its clean
     event's Kafka ``topic``, ``partition`` and ``offset``. svc_ingest rejects
     a reading that names a metric twice, so an event gives a (metric, path)
-    one value at most."""
-    # The JVM function builds the flat rows itself: one explode, no nested
-    # event row to build and take apart (every window query runs this per record).
+    one value at most. The windows read the same observations without
+    these rows (``summarise_panes``: the JVM's one place that makes them);
+    this is their Spark SQL view."""
     return decoded.select(*_POSITION, F.explode("observed").alias("o")).select(
         "o.entity_id",
         "o.event_time",
@@ -87,8 +86,10 @@ def pane_seconds(specs: list[WindowSpec]) -> int:
     return math.gcd(*[n for spec in specs for n in (spec.size_seconds, spec.slide_seconds)])
 
 
-def aggregate(observed: DataFrame, specs: list[WindowSpec], watermark_seconds: int) -> DataFrame:
-    """Every spec's window aggregates, from one read of the events (``window``
+def aggregate(records: DataFrame, specs: list[WindowSpec], watermark_seconds: int) -> DataFrame:
+    """Every spec's window aggregates of Kafka ``records`` of clean events
+    (``value``, ``topic``, ``partition``, ``offset``; their observations as
+    ``observations`` gives them), from one read of the events (``window``
     names the spec); on a stream a window is emitted once the watermark passes
     its end.
 
@@ -96,27 +97,62 @@ def aggregate(observed: DataFrame, specs: list[WindowSpec], watermark_seconds: i
     statistics: count, mean and sum of squared deviations, min, max, last,
     a quantile sketch, and per partition of the clean topic the least and
     greatest offset and the count of the events (``sources``: exact, and one
-    entry per partition, whatever the number of events). Windows merge their
+    entry per partition, whatever the number of events). Each task summarises
+    its own records in one pass (``summarise_panes``) and the stateful
+    aggregation merges the tasks' summaries into panes; windows merge their
     panes, so a 5-minute window sliding every minute reads five pane summaries
     instead of every event five times. With a single spec as long as its
     pane, panes are the windows.
     """
     pane = WindowSpec(pane_seconds(specs), pane_seconds(specs))
-    watermarked = observed.withWatermark("event_time", f"{watermark_seconds} seconds")
-    panes = watermarked.select(
-        "*", _event_time_window(_tumbling_window("event_time", pane), watermark_seconds)
+    panes = _merged(
+        _pane_summaries(records, pane, watermark_seconds).groupBy("window", *DIMENSIONS)
     )
-    panes = panes.groupBy("window", *DIMENSIONS).agg(*_event_statistics())
     if specs == [pane]:
         return _finish(panes.select("*", *_spec_columns(pane)))
-    # Chan et al.: squared deviations about the merged mean, from each pane's
+    return _finish(_merged(_group_into_windows(_pane_starts(panes), specs, watermark_seconds)))
+
+
+def running_windows(
+    records: DataFrame, specs: list[WindowSpec], watermark_seconds: int
+) -> DataFrame:
+    """Every spec's window aggregates as they stand, ``aggregate``'s columns:
+    in Spark's update output mode each micro-batch emits the windows its
+    events changed, open ones included (the online store's running windows).
+
+    One stateful aggregation of the tasks' pane summaries straight into
+    windows: update mode runs a single stateful operator, and a summary goes
+    to each window that holds its pane (five with the default sliding spec).
+    The statistics are ``aggregate``'s, so a window that closes reads the
+    same in both."""
+    pane = WindowSpec(pane_seconds(specs), pane_seconds(specs))
+    summaries = _pane_summaries(records, pane, watermark_seconds)
+    return _finish(_merged(_group_into_windows(_pane_starts(summaries), specs, watermark_seconds)))
+
+
+def _pane_summaries(records: DataFrame, pane: WindowSpec, watermark_seconds: int) -> DataFrame:
+    """``summarise_panes``: each task's summaries of its records' observations
+    per pane, the stream's watermark on their ``event_time`` and the pane's
+    ``window`` carrying it (``_event_time_window``)."""
+    summaries = summarise_panes(records, pane.size_seconds).withWatermark(
+        "event_time", f"{watermark_seconds} seconds"
+    )
+    return summaries.select(
+        *[c for c in summaries.columns if c != "window"],
+        _event_time_window(F.col("window"), watermark_seconds),
+    )
+
+
+def _pane_starts(panes: DataFrame) -> DataFrame:
+    """``panes`` with ``pane_start``, the time their windows are found by."""
+    return panes.select("*", F.col("window.start").alias("pane_start"))
+
+
+def _merged(grouped: GroupedData) -> DataFrame:
+    """The summaries of each group merged into one (``_pane_summaries``' statistics)."""
+    # Chan et al.: squared deviations about the merged mean, from each part's
     # (n, mean, m2); sum(m2 + n * mean^2) - n_total * mean_total^2.
-    merged = _group_into_windows(
-        panes.select("*", F.col("window.start").alias("pane_start")),
-        "pane_start",
-        specs,
-        watermark_seconds,
-    ).agg(
+    merged = grouped.agg(
         F.sum("n").alias("n"),
         F.sum(F.col("n") * F.col("mean")).alias("total"),
         F.sum(F.col("m2") + F.col("n") * F.col("mean") * F.col("mean")).alias("squares"),
@@ -130,59 +166,19 @@ def aggregate(observed: DataFrame, specs: list[WindowSpec], watermark_seconds: i
         F.expr(f"{MERGE_OFFSET_RANGES}(sources.ranges)").alias("sources"),
     )
     mean = F.col("total") / F.col("n")
-    return _finish(
-        merged.select(
-            "*",
-            mean.alias("mean"),
-            F.greatest(F.col("squares") - F.col("n") * mean * mean, F.lit(0.0)).alias("m2"),
-        )
+    return merged.select(
+        "*",
+        mean.alias("mean"),
+        F.greatest(F.col("squares") - F.col("n") * mean * mean, F.lit(0.0)).alias("m2"),
     )
-
-
-def running_windows(
-    observed: DataFrame, specs: list[WindowSpec], watermark_seconds: int
-) -> DataFrame:
-    """Every spec's window aggregates as they stand, ``aggregate``'s columns:
-    in Spark's update output mode each micro-batch emits the windows its
-    events changed, open ones included (the online store's running windows).
-
-    One stateful aggregation straight from the events, with no panes: update
-    mode runs a single stateful operator, and an event goes to each window
-    that holds it (six with the default specs), cheap at a second's events.
-    The statistics are ``aggregate``'s, so a window that closes reads the
-    same in both."""
-    watermarked = observed.withWatermark("event_time", f"{watermark_seconds} seconds")
-    return _finish(
-        _group_into_windows(watermarked, "event_time", specs, watermark_seconds).agg(
-            *_event_statistics()
-        )
-    )
-
-
-def _event_statistics() -> list[Column]:
-    """Mergeable statistics of a group of observations (a pane or a window)."""
-    n = F.count(F.lit(1))
-    return [
-        n.alias("n"),
-        F.avg("value").alias("mean"),
-        # Sum of squared deviations from the mean (Welford's, inside Spark).
-        (F.coalesce(F.var_samp("value"), F.lit(0.0)) * (n - 1)).alias("m2"),
-        F.min("value").alias("min"),
-        F.max("value").alias("max"),
-        F.max_by("value", "event_time").alias("last"),
-        F.max("event_time").alias("last_event_time"),
-        F.expr(f"{SKETCH_VALUES}(value)").alias("sketch"),
-        F.sum("is_error").alias("errors"),
-        F.count("is_error").alias("error_n"),
-        F.expr(f"{RECORD_OFFSET_RANGES}({', '.join(_POSITION)})").alias("sources"),
-    ]
 
 
 def _group_into_windows(
-    frame: DataFrame, time_column: str, specs: list[WindowSpec], watermark_seconds: int
+    frame: DataFrame, specs: list[WindowSpec], watermark_seconds: int
 ) -> GroupedData:
     """``frame`` grouped by (window, spec, entity, metric, path, unit); a row
-    goes to every window of every spec that holds its ``time_column``."""
+    goes to every window of every spec that holds its ``pane_start``."""
+    time_column = "pane_start"
     # A pane's own window makes way for the windows it goes to.
     kept = [c for c in frame.columns if c != "window"]
     if len(specs) == 1 and specs[0].size_seconds == specs[0].slide_seconds:

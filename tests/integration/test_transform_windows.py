@@ -15,6 +15,7 @@ from shared.contracts.aistack.v1 import events_pb2, features_pb2
 from shared.feature_store import event_series
 from shared.settings import KafkaSettings, RedisSettings
 from svc_transform.driver_parquet import SPARK_SCHEMA_KEY
+from svc_transform.functions import summarise_panes
 from svc_transform.sinks import WindowSink
 from svc_transform.windows import (
     WEB_LATENCY,
@@ -73,7 +74,7 @@ def test_tumbling_windows_have_exact_statistics(spark: Any) -> None:
     values.append(sensor("t-1", T0 + timedelta(seconds=65), second[0]))
     values.append(b"\x00garbage")  # not a CleanEvent: no observation
 
-    rows = aggregate(observations(decode(frame(spark, values))), [WindowSpec(60, 60)], 30)
+    rows = aggregate(frame(spark, values), [WindowSpec(60, 60)], 30)
     got = {r.window_start.astimezone(UTC): r for r in rows.collect()}
 
     assert set(got) == {T0, T0 + timedelta(minutes=1)}
@@ -95,7 +96,7 @@ def test_tumbling_windows_have_exact_statistics(spark: Any) -> None:
 def test_sliding_windows_count_each_event_in_every_window_it_falls_in(spark: Any) -> None:
     values = [sensor("t-2", T0 + timedelta(seconds=s), 1.0) for s in (0, 70, 130)]
 
-    rows = aggregate(observations(decode(frame(spark, values))), [WindowSpec(120, 60)], 0)
+    rows = aggregate(frame(spark, values), [WindowSpec(120, 60)], 0)
     counts = {r.window_start.astimezone(UTC): r["count"] for r in rows.collect()}
 
     assert counts == {
@@ -110,7 +111,7 @@ def test_tumbling_and_sliding_windows_come_from_one_aggregation(spark: Any) -> N
     values = [sensor("t-2", T0 + timedelta(seconds=s), float(s)) for s in (0, 70, 130)]
     specs = [WindowSpec(60, 60), WindowSpec(120, 60)]
 
-    rows = aggregate(observations(decode(frame(spark, values))), specs, 0).collect()
+    rows = aggregate(frame(spark, values), specs, 0).collect()
     got = {(r.window, r.window_start.astimezone(UTC)): r for r in rows}
 
     minute = timedelta(minutes=1)
@@ -144,7 +145,7 @@ def test_sliding_window_statistics_merge_exactly_over_its_panes(spark: Any) -> N
         sensor("t-4", T0 + timedelta(seconds=s), v) for s, v in zip(seconds, values, strict=True)
     ]
 
-    rows = aggregate(observations(decode(frame(spark, events))), [WindowSpec(180, 60)], 0)
+    rows = aggregate(frame(spark, events), [WindowSpec(180, 60)], 0)
     whole = {r.window_start.astimezone(UTC): r for r in rows.collect()}[T0]
 
     assert (whole["count"], whole.min, whole.max, whole.last) == (9, 2.0, 101.0, 2.0)
@@ -163,7 +164,7 @@ def test_merged_sketches_keep_percentile_approx_accuracy(spark: Any) -> None:
         sensor("t-5", T0 + timedelta(seconds=i * 180 / count), v) for i, v in enumerate(values)
     ]
 
-    rows = aggregate(observations(decode(frame(spark, events))), [WindowSpec(180, 60)], 0)
+    rows = aggregate(frame(spark, events), [WindowSpec(180, 60)], 0)
     whole = {r.window_start.astimezone(UTC): r for r in rows.collect()}[T0]
 
     assert whole["count"] == count
@@ -181,7 +182,7 @@ def test_sources_are_each_partitions_offsets_of_exactly_the_events_counted(spark
     partitions.insert(3, 3)
     specs = [WindowSpec(60, 60), WindowSpec(120, 60)]
 
-    rows = aggregate(observations(decode(frame(spark, events, partitions))), specs, 0).collect()
+    rows = aggregate(frame(spark, events, partitions), specs, 0).collect()
     got = {
         (r.window, r.window_start.astimezone(UTC)): ([s.asDict() for s in r.sources], r["count"])
         for r in rows
@@ -220,7 +221,7 @@ def test_web_requests_give_latency_and_error_rate_per_host_and_path(spark: Any) 
         web("web-1", T0 + timedelta(seconds=4), "/b", 200, 5.0),
     ]
 
-    rows = aggregate(observations(decode(frame(spark, values))), [WindowSpec(60, 60)], 30)
+    rows = aggregate(frame(spark, values), [WindowSpec(60, 60)], 30)
     by_path = {r.path: r for r in rows.collect()}
 
     a = by_path["/a"]
@@ -230,8 +231,9 @@ def test_web_requests_give_latency_and_error_rate_per_host_and_path(spark: Any) 
 
 
 def test_the_series_lineage_matches_events_by_are_the_ones_the_windows_read(spark: Any) -> None:
-    """``shared.feature_store.event_series`` (Python, for the lineage walk)
-    and ``observations`` (Spark SQL) give each event the same series."""
+    """``shared.feature_store.event_series`` (Python, for the lineage walk),
+    ``observations`` (Spark SQL) and the windows' pane summaries give each
+    event the same series."""
     two = events_pb2.CleanEvent(event_id="two", entity_id="s-2")
     two.event_time.FromDatetime(T0)
     two.sensor_reading.device_id = "s-2"
@@ -251,11 +253,16 @@ def test_the_series_lineage_matches_events_by_are_the_ones_the_windows_read(spar
     )
     assert read == expected
     assert len(expected) == 5
+    summaries = summarise_panes(frame(spark, values), 60).collect()
+    summarised = sorted(
+        (s.sources.ranges[0].minOffset, s.entity_id, s.metric, s.path) for s in summaries
+    )
+    assert summarised == expected
 
 
 def test_aggregates_encode_as_feature_windows(spark: Any) -> None:
     values = [web("web-1", T0, "/a", 503, 10.0), sensor("t-3", T0, 5.0)]
-    rows = aggregate(observations(decode(frame(spark, values))), [WindowSpec(60, 60)], 30)
+    rows = aggregate(frame(spark, values), [WindowSpec(60, 60)], 30)
 
     encoded = [bytes(r.v) for r in rows.select(feature_window_bytes().alias("v")).collect()]
 
@@ -279,12 +286,12 @@ def test_running_windows_read_as_the_closed_windows_do(spark: Any) -> None:
     values += [web("web-2", T0 + timedelta(seconds=30), "/a", 200, 12.5)]
     partitions = [i % 2 for i in range(len(values))]
     specs = [WindowSpec(60, 60), WindowSpec(120, 60)]
-    observed = observations(decode(frame(spark, values, partitions)))
+    records = frame(spark, values, partitions)
 
     def rows(windows: Any) -> dict[str, dict[str, Any]]:
         return {r.window_key: r.asDict(recursive=True) for r in windows.collect()}
 
-    closed, running = rows(aggregate(observed, specs, 0)), rows(running_windows(observed, specs, 0))
+    closed, running = rows(aggregate(records, specs, 0)), rows(running_windows(records, specs, 0))
     assert closed.keys() == running.keys() and len(closed) == 10
     for key, row in closed.items():
         assert running[key].keys() == row.keys()
@@ -296,17 +303,13 @@ def test_running_windows_read_as_the_closed_windows_do(spark: Any) -> None:
 
 
 def test_an_open_window_encodes_as_one(spark: Any) -> None:
-    rows = running_windows(
-        observations(decode(frame(spark, [sensor("t-5", T0, 5.0)]))), [WindowSpec(60, 60)], 30
-    )
+    rows = running_windows(frame(spark, [sensor("t-5", T0, 5.0)]), [WindowSpec(60, 60)], 30)
     (encoded,) = [
         features_pb2.FeatureWindow.FromString(bytes(r.v))
         for r in rows.select(feature_window_bytes(open_window=True).alias("v")).collect()
     ]
     assert encoded.open and (encoded.entity_id, encoded.count) == ("t-5", 1)
-    closed = aggregate(
-        observations(decode(frame(spark, [sensor("t-5", T0, 5.0)]))), [WindowSpec(60, 60)], 30
-    )
+    closed = aggregate(frame(spark, [sensor("t-5", T0, 5.0)]), [WindowSpec(60, 60)], 30)
     (encoded,) = [
         features_pb2.FeatureWindow.FromString(bytes(r.v))
         for r in closed.select(feature_window_bytes().alias("v")).collect()
@@ -329,7 +332,7 @@ def test_a_batch_written_from_the_driver_reads_back_as_sparks_own_write(
     values = [sensor(f"t-{i % 3}", T0 + timedelta(seconds=7 * i), float(i)) for i in range(30)]
     values += [odd.SerializeToString(), web("web-3", T0, "/a b", 500, 4.0)]
     specs = [WindowSpec(60, 60), WindowSpec(120, 60)]
-    batch = aggregate(observations(decode(frame(spark, values))), specs, 0).cache()
+    batch = aggregate(frame(spark, values), specs, 0).cache()
 
     def sink(root: Path) -> WindowSink:
         return WindowSink(

@@ -8,22 +8,8 @@ import org.apache.spark.sql.functions;
 public final class Aggregates {
   private Aggregates() {}
 
-  public static void register(
-      SparkSession spark,
-      String sketchValues,
-      String mergeSketches,
-      String recordOffsetRanges,
-      String mergeOffsetRanges) {
-    spark.udf().register(sketchValues, functions.udaf(new SketchValues(), Encoders.DOUBLE()));
+  public static void register(SparkSession spark, String mergeSketches, String mergeOffsetRanges) {
     spark.udf().register(mergeSketches, functions.udaf(new MergeSketches(), Encoders.BINARY()));
-    // Called with three columns: (topic, partition, offset).
-    spark
-        .udf()
-        .register(
-            recordOffsetRanges,
-            functions.udaf(
-                new RecordOffsetRanges(),
-                Encoders.tuple(Encoders.STRING(), Encoders.INT(), Encoders.LONG())));
     // Called with the ``ranges`` field of another's result.
     spark
         .udf()

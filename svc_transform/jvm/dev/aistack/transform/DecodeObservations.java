@@ -91,6 +91,34 @@ public final class DecodeObservations implements UDF1<byte[], List<Row>> {
     return event;
   }
 
+  /** Where {@link #observe} hands each observation. */
+  interface Observer {
+    /** One value; {@code isError} null for a sensor's, 1.0 or 0.0 for a web request's. */
+    void accept(
+        String entity, long micros, String metric, String path, String unit, double value, Double isError);
+  }
+
+  /**
+   * {@code event}'s observations, each to {@code observer}: one per measurement of a sensor
+   * reading, one (the latency, {@code webMetric} in {@code webUnit}) for a web request. The one
+   * place an event becomes observations, for the Spark SQL rows ({@link #call}) and for the
+   * windows' summaries ({@link PaneSummaries}) alike.
+   */
+  static void observe(CleanEvent event, String webMetric, String webUnit, Observer observer) {
+    String entity = event.getEntityId();
+    com.google.protobuf.Timestamp at = event.getEventTime();
+    long micros = at.getSeconds() * 1_000_000L + at.getNanos() / 1000;
+    if (event.hasSensorReading()) {
+      for (Measurement m : event.getSensorReading().getMeasurementsList()) {
+        observer.accept(entity, micros, m.getMetric(), "", m.getUnit(), m.getValue(), null);
+      }
+      return;
+    }
+    WebRequest r = event.getWebRequest();
+    double failed = r.getStatus() >= 500 ? 1.0 : 0.0;
+    observer.accept(entity, micros, webMetric, r.getPath(), webUnit, r.getLatencyMs(), failed);
+  }
+
   @Override
   public List<Row> call(byte[] value) {
     CleanEvent event;
@@ -99,25 +127,21 @@ public final class DecodeObservations implements UDF1<byte[], List<Row>> {
     } catch (Invalid e) {
       return List.of();
     }
-    String entity = event.getEntityId();
-    Timestamp at = timestamp(event.getEventTime());
-    if (event.hasSensorReading()) {
-      List<Measurement> measurements = event.getSensorReading().getMeasurementsList();
-      List<Row> observed = new ArrayList<>(measurements.size());
-      for (Measurement m : measurements) {
-        observed.add(RowFactory.create(entity, at, m.getMetric(), "", m.getUnit(), m.getValue(), null));
-      }
-      return observed;
-    }
-    WebRequest r = event.getWebRequest();
-    double failed = r.getStatus() >= 500 ? 1.0 : 0.0;
-    return List.of(
-        RowFactory.create(entity, at, webMetric, r.getPath(), webUnit, r.getLatencyMs(), failed));
+    List<Row> observed = new ArrayList<>(2);
+    observe(
+        event,
+        webMetric,
+        webUnit,
+        (entity, micros, metric, path, unit, v, isError) ->
+            observed.add(
+                RowFactory.create(entity, timestamp(micros), metric, path, unit, v, isError)));
+    return observed;
   }
 
-  private static Timestamp timestamp(com.google.protobuf.Timestamp ts) {
-    Timestamp out = new Timestamp(ts.getSeconds() * 1000L);
-    out.setNanos(ts.getNanos());
-    return out;
+  /** A timestamp for Spark from its microseconds since the epoch. */
+  static Timestamp timestamp(long micros) {
+    Timestamp at = new Timestamp(Math.floorDiv(micros, 1000L));
+    at.setNanos((int) Math.floorMod(micros, 1_000_000L) * 1000);
+    return at;
   }
 }
