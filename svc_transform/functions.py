@@ -10,7 +10,7 @@ from the contracts' descriptor set; no Python per row). Sources:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql.types import BinaryType, DoubleType, StringType
@@ -51,9 +51,7 @@ def register(spark: SparkSession) -> None:
     udf.registerJavaFunction(SKETCH_PERCENTILE, f"{_PACKAGE}.SketchPercentile", DoubleType())
     # Aggregators, and functions built with arguments, have no
     # registerJavaFunction: the JVM side registers them.
-    jvm = spark.sparkContext._jvm
-    if jvm is None:
-        raise RuntimeError("the SparkContext has no JVM (stopped?)")
+    jvm = _jvm(spark)
     jvm.dev.aistack.transform.DecodeObservations.register(
         spark._jsparkSession, DECODE_OBSERVATIONS, WEB_LATENCY, WEB_LATENCY_UNIT
     )
@@ -73,10 +71,15 @@ def summarise_panes(records: DataFrame, pane_seconds: int) -> DataFrame:
     from pyspark.sql.classic.dataframe import DataFrame as ClassicFrame
 
     session = records.sparkSession
-    jvm = session.sparkContext._jvm
-    if jvm is None:
-        raise RuntimeError("the SparkContext has no JVM (stopped?)")
-    summarise = jvm.dev.aistack.transform.PaneSummaries.summarise
+    summarise = _jvm(session).dev.aistack.transform.PaneSummaries.summarise
     return ClassicFrame(
         summarise(records._jdf, pane_seconds, WEB_LATENCY, WEB_LATENCY_UNIT), session
     )
+
+
+def _jvm(spark: SparkSession) -> Any:
+    """``spark``'s JVM gateway view."""
+    jvm = spark.sparkContext._jvm
+    if jvm is None:
+        raise RuntimeError("the SparkContext has no JVM (stopped?)")
+    return jvm

@@ -36,6 +36,12 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
   /** An {@link OffsetRange} as Spark encodes the bean (its fields by name), which the merge reads. */
   private static final StructType RANGE = Encoders.bean(OffsetRange.class).schema();
 
+  private static final int RANGE_TOPIC = RANGE.fieldIndex("topic");
+  private static final int RANGE_PARTITION = RANGE.fieldIndex("partition");
+  private static final int RANGE_MIN = RANGE.fieldIndex("minOffset");
+  private static final int RANGE_MAX = RANGE.fieldIndex("maxOffset");
+  private static final int RANGE_COUNT = RANGE.fieldIndex("count");
+
   /**
    * A summary: the pane's {@code window}, the dimensions, the statistics under the names the
    * windows' merge reads, and {@code event_time}, its latest event's (the watermark's column).
@@ -89,7 +95,10 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
             Encoders.row(SUMMARY));
   }
 
-  /** A group: its hash computed once (a record's equals and hashCode cost a tenth of the pass). */
+  /**
+   * A group, its hash computed once: as a Java record its equals alone took 4.6% of a peak
+   * run's samples (a flight recording, 2026-12-07).
+   */
   private static final class Key {
     final long pane;
     final String entity;
@@ -219,16 +228,20 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
     List<Row> ranges = new ArrayList<>();
     for (OffsetRange r : s.ranges.sorted().getRanges()) {
       Object[] fields = new Object[RANGE.size()];
-      fields[RANGE.fieldIndex("topic")] = r.getTopic();
-      fields[RANGE.fieldIndex("partition")] = r.getPartition();
-      fields[RANGE.fieldIndex("minOffset")] = r.getMinOffset();
-      fields[RANGE.fieldIndex("maxOffset")] = r.getMaxOffset();
-      fields[RANGE.fieldIndex("count")] = r.getCount();
+      fields[RANGE_TOPIC] = r.getTopic();
+      fields[RANGE_PARTITION] = r.getPartition();
+      fields[RANGE_MIN] = r.getMinOffset();
+      fields[RANGE_MAX] = r.getMaxOffset();
+      fields[RANGE_COUNT] = r.getCount();
       ranges.add(RowFactory.create(fields));
     }
     Timestamp last = DecodeObservations.timestamp(s.lastMicros);
+    Row window =
+        RowFactory.create(
+            DecodeObservations.timestamp(key.pane),
+            DecodeObservations.timestamp(key.pane + paneMicros));
     return RowFactory.create(
-        RowFactory.create(DecodeObservations.timestamp(key.pane), DecodeObservations.timestamp(key.pane + paneMicros)),
+        window,
         key.entity,
         key.metric,
         key.path,
