@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from svc_trainer.backends.tensorflow import devices
 from svc_trainer.backends.tensorflow import runner as tf_runner
 from svc_trainer.plan import (
     DataSplits,
@@ -454,3 +455,27 @@ def test_a_dead_worker_fails_the_multi_worker_run_instead_of_hanging(tmp_path: P
     assert run.error.startswith("UnavailableError"), run.error
     assert [s for s, _ in epochs_of(run.events)] == [1]
     assert_no_children_left(run, expected=1)
+
+
+def test_a_multi_worker_cluster_tolerates_a_minute_without_a_heartbeat() -> None:
+    # TensorFlow's own 10 s failed a healthy two-worker run on a loaded CI host.
+    probe = textwrap.dedent(
+        """
+        import tensorflow as tf
+        from tensorflow.python.eager import context
+        from svc_trainer.backends.tensorflow import devices
+
+        cluster = tf.train.ClusterSpec({"worker": ["127.0.0.1:1", "127.0.0.1:2"]})
+        devices._coordinate(tf, cluster)
+        config = context.context().config.experimental.coordination_config
+        print(config.service_leader, config.heartbeat_timeout_in_ms,
+              [(j.name, j.num_tasks) for j in config.coordinated_job_list])
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split("\n")[-2] == (
+        f"/job:worker/replica:0/task:0 {devices.HEARTBEAT_TIMEOUT_MS} [('worker', 2)]"
+    )
+    assert devices.HEARTBEAT_TIMEOUT_MS >= 60_000

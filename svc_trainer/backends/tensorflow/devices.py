@@ -92,6 +92,7 @@ def distribution(spec: RunSpec, name: str, role: Role, devices: Devices) -> Any:
         rpc_layer="grpc",
     )
     if name == MULTI_WORKER:
+        _coordinate(tf, resolver.cluster_spec())
         implementation = tf.distribute.experimental.CommunicationImplementation
         options = tf.distribute.experimental.CommunicationOptions(
             implementation=implementation.NCCL if devices.gpus else implementation.RING
@@ -100,6 +101,36 @@ def distribution(spec: RunSpec, name: str, role: Role, devices: Devices) -> Any:
             cluster_resolver=resolver, communication_options=options
         )
     return tf.distribute.experimental.ParameterServerStrategy(resolver)
+
+
+# TensorFlow's default is 10 s without a heartbeat before the coordination
+# service fails the whole cluster. On a loaded two-core host (CI runs two test
+# workers beside Spark and Kafka) the chief's own heartbeat has gone 10.6 s
+# unsent while its peer was still importing TensorFlow, failing a healthy run.
+# A dead peer is still seen at once: its ring connection breaks.
+HEARTBEAT_TIMEOUT_MS = 60_000
+
+
+def _coordinate(tf: Any, cluster: Any) -> None:
+    """The coordination service MultiWorkerMirroredStrategy would configure
+    itself (the same leader and jobs), with ``HEARTBEAT_TIMEOUT_MS``."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    if context.context().coordination_service is not None:
+        return
+    jobs = [
+        coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster.num_tasks(job))
+        for job in ("chief", "worker")
+        if job in cluster.jobs
+    ]
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(cluster),
+        heartbeat_timeout_in_ms=HEARTBEAT_TIMEOUT_MS,
+        coordinated_jobs=jobs,
+    )
 
 
 def replica_devices(spec: RunSpec, name: str, devices: Devices) -> list[str]:
