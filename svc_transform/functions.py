@@ -26,8 +26,9 @@ WEB_LATENCY_UNIT = "ms"
 CLEAN_EVENT_ERROR = "aistack_clean_event_error"
 ENCODE_FEATURE_WINDOW = "aistack_encode_feature_window"
 ENCODE_DEAD_LETTER = "aistack_encode_dead_letter"
-#: Aggregate: quantile sketches (Spark's percentile_approx digest, as
-#: ``summarise_panes`` makes them) to the sketch of all their values.
+#: Aggregate: quantile sketches (exact counts of up to 2,048 distinct values,
+#: else Spark's percentile_approx digest, as ``summarise_panes`` makes them)
+#: to the sketch of all their values.
 MERGE_SKETCHES = "aistack_merge_sketches"
 #: (sketch, fraction) to the approximate percentile.
 SKETCH_PERCENTILE = "aistack_sketch_percentile"

@@ -4,18 +4,20 @@ frames, and the windows' way into the offline store."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from pyspark.sql import functions as F
 
 from shared.contracts.aistack.v1 import events_pb2, features_pb2
 from shared.feature_store import event_series
 from shared.settings import KafkaSettings, RedisSettings
 from svc_transform.driver_parquet import SPARK_SCHEMA_KEY
-from svc_transform.functions import summarise_panes
+from svc_transform.functions import MERGE_SKETCHES, SKETCH_PERCENTILE, summarise_panes
 from svc_transform.sinks import WindowSink
 from svc_transform.windows import (
     WEB_LATENCY,
@@ -171,6 +173,72 @@ def test_merged_sketches_keep_percentile_approx_accuracy(spark: Any) -> None:
     assert [s.asDict() for s in whole.sources] == [source(0, 100, 100 + count - 1, count)]
     # Relative rank error 1/10000: within one value of the exact ones here.
     assert abs(whole.p50 - 4_499) <= 1 and abs(whole.p95 - 8_549) <= 1
+
+
+def test_a_series_of_repeated_values_keeps_small_exact_sketches(spark: Any) -> None:
+    # 12,000 readings of 37 whole degrees over three panes of one 3-minute window.
+    count, distinct = 12_000, 37
+    values = [float((i * 7_919) % distinct) for i in range(count)]
+    events = [
+        sensor("t-5", T0 + timedelta(seconds=i * 180 / count), v) for i, v in enumerate(values)
+    ]
+    records = frame(spark, events)
+
+    # A pane's sketch is each distinct value with its count, not its 4,000 values.
+    panes = summarise_panes(records, 60).groupBy("window").agg(F.max(F.length("sketch")))
+    assert {r[1] for r in panes.collect()} == {8 + 16 * distinct}
+
+    rows = aggregate(records, [WindowSpec(180, 60)], 0)
+    whole = {r.window_start.astimezone(UTC): r for r in rows.collect()}[T0]
+    # Exact: the value at rank ceil(fraction * count), which percentile_approx
+    # approximates within one ten-thousandth of the ranks.
+    ordered = sorted(values)
+    assert whole.p50 == ordered[math.ceil(0.5 * count) - 1]
+    assert whole.p95 == ordered[math.ceil(0.95 * count) - 1]
+
+
+def test_a_window_merges_exact_and_digest_sketches_within_percentile_approx_accuracy(
+    spark: Any,
+) -> None:
+    # The first pane has 3,000 distinct values (a digest), the next two repeat 11 (exact).
+    first = [float((i * 7_919) % 3_000) / 100 for i in range(3_000)]
+    rest = [float(i % 11) for i in range(6_000)]
+    events = [sensor("t-5", T0 + timedelta(seconds=i * 60 / 3_000), v) for i, v in enumerate(first)]
+    events += [
+        sensor("t-5", T0 + timedelta(seconds=60 + i * 120 / 6_000), v) for i, v in enumerate(rest)
+    ]
+
+    rows = aggregate(frame(spark, events), [WindowSpec(180, 60)], 0)
+    whole = {r.window_start.astimezone(UTC): r for r in rows.collect()}[T0]
+
+    ordered = sorted(first + rest)
+    for fraction, got in ((0.5, whole.p50), (0.95, whole.p95)):
+        rank = math.ceil(fraction * len(ordered)) - 1
+        slack = math.ceil(len(ordered) / 10_000) + 1
+        assert ordered[max(0, rank - slack)] <= got <= ordered[rank + slack], (fraction, got)
+
+
+def test_a_digest_in_a_checkpoint_from_before_exact_sketches_still_merges(spark: Any) -> None:
+    # State written before the exact form holds percentile_approx's digest bytes.
+    aggregates = spark.sparkContext._jvm.org.apache.spark.sql.catalyst.expressions.aggregate
+    digest = getattr(aggregates, "ApproximatePercentile$PercentileDigest")(1.0 / 10_000)
+    for value in range(1, 101):
+        digest.add(float(value))
+    old = bytes(aggregates.ApproximatePercentile.serializer().serialize(digest))
+    events = [sensor("t-5", T0 + timedelta(seconds=s), 1_000.0) for s in range(100)]
+    new = summarise_panes(frame(spark, events), 60).select("sketch").collect()
+    sketches = spark.createDataFrame([(old,)] + [(r.sketch,) for r in new], "sketch binary")
+
+    [merged] = (
+        sketches.select(F.expr(f"{MERGE_SKETCHES}(sketch)").alias("s"))
+        .select(
+            F.call_udf(SKETCH_PERCENTILE, "s", F.lit(0.25)).alias("p25"),
+            F.call_udf(SKETCH_PERCENTILE, "s", F.lit(0.75)).alias("p75"),
+        )
+        .collect()
+    )
+    # 1..100 and 100 readings of 1,000: the 50th and the 150th of 200.
+    assert (merged.p25, merged.p75) == (50.0, 1_000.0)
 
 
 def test_sources_are_each_partitions_offsets_of_exactly_the_events_counted(spark: Any) -> None:
