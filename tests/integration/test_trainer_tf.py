@@ -466,7 +466,7 @@ def test_a_multi_worker_cluster_tolerates_a_minute_without_a_heartbeat() -> None
         from svc_trainer.backends.tensorflow import devices
 
         cluster = tf.train.ClusterSpec({"worker": ["127.0.0.1:1", "127.0.0.1:2"]})
-        devices._coordinate(tf, cluster)
+        devices._coordinate(cluster)
         config = context.context().config.experimental.coordination_config
         print(config.service_leader, config.heartbeat_timeout_in_ms,
               [(j.name, j.num_tasks) for j in config.coordinated_job_list])

@@ -92,7 +92,7 @@ def distribution(spec: RunSpec, name: str, role: Role, devices: Devices) -> Any:
         rpc_layer="grpc",
     )
     if name == MULTI_WORKER:
-        _coordinate(tf, resolver.cluster_spec())
+        _coordinate(resolver.cluster_spec())
         implementation = tf.distribute.experimental.CommunicationImplementation
         options = tf.distribute.experimental.CommunicationOptions(
             implementation=implementation.NCCL if devices.gpus else implementation.RING
@@ -111,7 +111,7 @@ def distribution(spec: RunSpec, name: str, role: Role, devices: Devices) -> Any:
 HEARTBEAT_TIMEOUT_MS = 60_000
 
 
-def _coordinate(tf: Any, cluster: Any) -> None:
+def _coordinate(cluster: Any) -> None:
     """The coordination service MultiWorkerMirroredStrategy would configure
     itself (the same leader and jobs), with ``HEARTBEAT_TIMEOUT_MS``."""
     from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2

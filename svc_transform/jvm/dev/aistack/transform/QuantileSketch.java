@@ -62,16 +62,15 @@ public final class QuantileSketch implements Externalizable {
       digest.add(value);
       return;
     }
-    if (pendingSize == pending.length) {
-      if (pendingSize == PENDING_LIMIT) {
-        fold();
-        if (digest != null) {
-          digest.add(value);
-          return;
-        }
-      } else {
-        pending = Arrays.copyOf(pending, Math.min(PENDING_LIMIT, Math.max(16, 2 * pendingSize)));
+    if (pendingSize == PENDING_LIMIT) {
+      fold();
+      if (digest != null) {
+        digest.add(value);
+        return;
       }
+    }
+    if (pendingSize == pending.length) {
+      pending = Arrays.copyOf(pending, Math.min(PENDING_LIMIT, Math.max(16, 2 * pendingSize)));
     }
     pending[pendingSize++] = value;
   }
