@@ -28,20 +28,20 @@ from pyspark.sql.streaming.listener import (
     StreamingQueryListener,
 )
 
-from shared.bus.deadletter import ERROR_HEADER, SOURCE_HEADER
 from shared.bus.lag import ConsumerLag, behind
 from shared.log import get_logger
 from shared.object_store import checkpoint_options, hadoop_url
 from svc_transform.codegen import BatchSizes, ByBatchSize
-from svc_transform.functions import CLEAN_EVENT_ERROR, ENCODE_DEAD_LETTER
+from svc_transform.functions import CLEAN_EVENT_ERROR
 from svc_transform.metrics import TransformMetrics
+from svc_transform.single_query import KindSink, all_windows
 from svc_transform.sinks import (
     SERVICE,
     OpenWindowSink,
     WindowSink,
-    envelope_headers,
     kafka_options,
     kafka_sink_options,
+    undecodable_letters,
 )
 from svc_transform.windows import (
     WindowSpec,
@@ -61,7 +61,8 @@ log = get_logger("svc_transform")
 DEAD_LETTERS_QUERY = "dead-letters"
 WINDOWS_QUERY = "windows"
 OPEN_WINDOWS_QUERY = "open-windows"
-UNDECODABLE = "undecodable"
+#: The single query's checkpoint, under the checkpoint directory.
+SINGLE_QUERY_CHECKPOINT = "all-windows"
 
 
 def read_clean_events(
@@ -90,31 +91,10 @@ def read_clean_events(
 def dead_letter_records(records: DataFrame) -> DataFrame:
     """Records that are not usable CleanEvents, as aistack.v1.DeadLetter records for the DLQ."""
     # Evaluated again only for the rows that fail: the projection below sees no others.
-    failed = records.select("*", F.call_udf(CLEAN_EVENT_ERROR, "value").alias("error")).where(
-        F.col("error").isNotNull()
-    )
-    position = F.concat_ws("/", "topic", "partition", "offset")
-    letter = F.struct(
-        F.lit(UNDECODABLE).alias("reason"),
-        F.col("error").alias("message"),
-        F.col("value").alias("original_value"),
-        F.col("key").alias("original_key"),
-        F.col("headers").alias("original_headers"),
-        F.struct("topic", "partition", "offset").alias("source"),
-        F.lit(SERVICE).alias("service"),
-        F.current_timestamp().alias("rejected_time"),
-    )
-    headers = F.concat(
-        envelope_headers("aistack.v1.DeadLetter", position),
-        F.array(
-            F.struct(
-                F.lit(ERROR_HEADER).alias("key"), F.lit(UNDECODABLE).cast("binary").alias("value")
-            ),
-            F.struct(F.lit(SOURCE_HEADER).alias("key"), position.cast("binary").alias("value")),
-        ),
-    )
-    return failed.select(
-        "key", F.call_udf(ENCODE_DEAD_LETTER, letter).alias("value"), headers.alias("headers")
+    return undecodable_letters(
+        records.select("*", F.call_udf(CLEAN_EVENT_ERROR, "value").alias("error")).where(
+            F.col("error").isNotNull()
+        )
     )
 
 
@@ -154,10 +134,43 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
     for key, value in checkpoint_options(checkpoint).items():
         # Read as each query starts; every query's checkpoint is under this one.
         spark.conf.set(key, value)
-    trigger = f"{settings.trigger_seconds} seconds"
     sizes = BatchSizes()
     spark.streams.addListener(ProgressListener(metrics, sizes))
     job = Job(spark)
+    sink = WindowSink(
+        kafka=settings.kafka,
+        redis=settings.redis,
+        features_topic=settings.features_topic,
+        offline_path=hadoop_url(settings.offline_path()),
+        online_key_prefix=settings.online_key_prefix,
+        online_ttl_seconds=settings.online_ttl_seconds,
+        driver_max_windows=settings.driver_write_max_windows,
+        on_written=metrics.windows_out.labels(WINDOWS_QUERY).inc,
+        expected_rows=partial(sizes.expected_rows, WINDOWS_QUERY),
+    )
+    if settings.queries == "one":
+        job.queries.append(start_single(spark, settings, metrics, checkpoint, sizes, sink))
+    else:
+        job.queries.extend(start_three(spark, settings, metrics, checkpoint, sizes, sink))
+    log.info(
+        "transform.started",
+        queries=[q.name for q in job.queries],
+        master=spark.sparkContext.master,
+        checkpoint=checkpoint,
+    )
+    return job
+
+
+def start_three(
+    spark: SparkSession,
+    settings: TransformSettings,
+    metrics: TransformMetrics,
+    checkpoint: str,
+    sizes: BatchSizes,
+    sink: WindowSink,
+) -> list[StreamingQuery]:
+    """The dead-letter, closed-window and open-window queries, each reading the clean topic."""
+    queries = []
     dead = (
         dead_letter_records(read_clean_events(spark, settings, headers=True))
         .writeStream.queryName(DEAD_LETTERS_QUERY)
@@ -170,18 +183,7 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
     if settings.async_progress:
         # Offsets and commits are written in the background (Kafka sink only).
         dead = dead.option("asyncProgressTrackingEnabled", "true")
-    job.queries.append(dead.start())
-    sink = WindowSink(
-        kafka=settings.kafka,
-        redis=settings.redis,
-        features_topic=settings.features_topic,
-        offline_path=hadoop_url(settings.offline_path()),
-        online_key_prefix=settings.online_key_prefix,
-        online_ttl_seconds=settings.online_ttl_seconds,
-        driver_max_windows=settings.driver_write_max_windows,
-        on_written=metrics.windows_out.labels(WINDOWS_QUERY).inc,
-        expected_rows=partial(sizes.expected_rows, WINDOWS_QUERY),
-    )
+    queries.append(dead.start())
     windows = (
         aggregate(
             read_clean_events(spark, settings, headers=False),
@@ -192,18 +194,56 @@ def start(spark: SparkSession, settings: TransformSettings, metrics: TransformMe
         .outputMode("append")
         .foreachBatch(ByBatchSize(sink, WINDOWS_QUERY, sizes, settings.interpreted_max_rows))
         .option("checkpointLocation", f"{checkpoint}/{WINDOWS_QUERY}")
-        .trigger(processingTime=trigger)
+        .trigger(processingTime=f"{settings.trigger_seconds} seconds")
     )
-    job.queries.append(windows.start())
+    queries.append(windows.start())
     if settings.open_windows != "none":
-        job.queries.append(start_open_windows(spark, settings, metrics, checkpoint, sizes))
-    log.info(
-        "transform.started",
-        queries=[q.name for q in job.queries],
-        master=spark.sparkContext.master,
-        checkpoint=checkpoint,
+        queries.append(start_open_windows(spark, settings, metrics, checkpoint, sizes))
+    return queries
+
+
+def start_single(
+    spark: SparkSession,
+    settings: TransformSettings,
+    metrics: TransformMetrics,
+    checkpoint: str,
+    sizes: BatchSizes,
+    closed_windows: WindowSink,
+) -> StreamingQuery:
+    """The closed windows, the open ones and the dead letters from one query
+    (``svc_transform.single_query``), named as the closed windows' query
+    was, its checkpoint its own: a three-query job's holds another plan."""
+    opened = [] if settings.open_windows == "none" else open_window_specs(settings)
+    open_sink = None
+    if opened:
+        open_sink = OpenWindowSink(
+            redis=settings.redis,
+            online_key_prefix=settings.online_key_prefix,
+            online_ttl_seconds=settings.online_ttl_seconds,
+            on_written=metrics.windows_out.labels(OPEN_WINDOWS_QUERY).inc,
+        )
+    sink = KindSink(
+        closed_windows=closed_windows,
+        open_windows=open_sink,
+        kafka_options=kafka_options(settings.kafka),
+        kafka_sink_options=kafka_sink_options(settings.kafka),
+        dlq_topic=settings.dlq_topic,
     )
-    return job
+    interval = settings.open_window_trigger_seconds if opened else settings.trigger_seconds
+    return (
+        all_windows(
+            read_clean_events(spark, settings, headers=False),
+            window_specs(settings),
+            opened,
+            settings.watermark_seconds,
+        )
+        .writeStream.queryName(WINDOWS_QUERY)
+        .outputMode("append")
+        .foreachBatch(ByBatchSize(sink, WINDOWS_QUERY, sizes, settings.interpreted_max_rows))
+        .option("checkpointLocation", f"{checkpoint}/{SINGLE_QUERY_CHECKPOINT}")
+        .trigger(processingTime=f"{interval} seconds")
+        .start()
+    )
 
 
 def open_window_specs(settings: TransformSettings) -> list[WindowSpec]:

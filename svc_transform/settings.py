@@ -28,6 +28,11 @@ class TransformSettings(ServiceSettings):
     # How late an event may be and still update its window.
     watermark_seconds: int = Field(default=30, ge=0)
     trigger_seconds: float = Field(default=5.0, gt=0)
+    # "three": a query each for the closed windows, the open ones and the
+    # dead letters, each reading the clean topic; "one": a single query and
+    # stateful operator gives all three (svc_transform.single_query), on the
+    # open windows' interval while they are on.
+    queries: Literal["one", "three"] = "three"
     # The dead-letter query's own interval: nobody waits on dead letters, and
     # each of its batches decodes every record again, competing for cores.
     dead_letter_trigger_seconds: float = Field(default=10.0, gt=0)

@@ -39,6 +39,7 @@ from pyspark.sql import functions as F
 
 from shared.bus import envelope
 from shared.bus.codec import type_name
+from shared.bus.deadletter import ERROR_HEADER, SOURCE_HEADER
 from shared.bus.producer import BusProducer
 from shared.contracts.aistack.v1.features_pb2 import FeatureWindow
 from shared.feature_store import (
@@ -53,6 +54,7 @@ from shared.object_store import is_object_url, scheme
 from shared.redis_client import REDIS_RIDE_OUT_SECONDS, make_redis
 from shared.settings import KafkaSettings, RedisSettings
 from svc_transform.driver_parquet import ParquetOptions, partition_namer, write_batch
+from svc_transform.functions import ENCODE_DEAD_LETTER
 from svc_transform.windows import feature_window_bytes
 
 if TYPE_CHECKING:
@@ -124,6 +126,39 @@ def envelope_headers(message_type: str, event_id: Column) -> Column:
             F.struct(F.lit(key).alias("key"), value.cast("binary").alias("value"))
             for key, value in pairs
         ]
+    )
+
+
+#: A dead letter's reason: the record is not a usable CleanEvent.
+UNDECODABLE = "undecodable"
+
+
+def undecodable_letters(failed: DataFrame) -> DataFrame:
+    """Records that are not usable CleanEvents (the Kafka source's ``key``,
+    ``value``, ``headers``, ``topic``, ``partition``, ``offset``, and why:
+    ``error``) as aistack.v1.DeadLetter records for the DLQ."""
+    position = F.concat_ws("/", "topic", "partition", "offset")
+    letter = F.struct(
+        F.lit(UNDECODABLE).alias("reason"),
+        F.col("error").alias("message"),
+        F.col("value").alias("original_value"),
+        F.col("key").alias("original_key"),
+        F.col("headers").alias("original_headers"),
+        F.struct("topic", "partition", "offset").alias("source"),
+        F.lit(SERVICE).alias("service"),
+        F.current_timestamp().alias("rejected_time"),
+    )
+    headers = F.concat(
+        envelope_headers("aistack.v1.DeadLetter", position),
+        F.array(
+            F.struct(
+                F.lit(ERROR_HEADER).alias("key"), F.lit(UNDECODABLE).cast("binary").alias("value")
+            ),
+            F.struct(F.lit(SOURCE_HEADER).alias("key"), position.cast("binary").alias("value")),
+        ),
+    )
+    return failed.select(
+        "key", F.call_udf(ENCODE_DEAD_LETTER, letter).alias("value"), headers.alias("headers")
     )
 
 

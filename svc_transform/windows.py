@@ -109,8 +109,8 @@ def aggregate(records: DataFrame, specs: list[WindowSpec], watermark_seconds: in
         _pane_summaries(records, pane, watermark_seconds).groupBy("window", *DIMENSIONS)
     )
     if specs == [pane]:
-        return _finish(panes.select("*", *_spec_columns(pane)))
-    return _finish(_merged(_group_into_windows(_pane_starts(panes), specs, watermark_seconds)))
+        return finish(panes.select("*", *_spec_columns(pane)))
+    return finish(_merged(_group_into_windows(_pane_starts(panes), specs, watermark_seconds)))
 
 
 def running_windows(
@@ -127,7 +127,7 @@ def running_windows(
     same in both."""
     pane = WindowSpec(pane_seconds(specs), pane_seconds(specs))
     summaries = _pane_summaries(records, pane, watermark_seconds)
-    return _finish(_merged(_group_into_windows(_pane_starts(summaries), specs, watermark_seconds)))
+    return finish(_merged(_group_into_windows(_pane_starts(summaries), specs, watermark_seconds)))
 
 
 def _pane_summaries(records: DataFrame, pane: WindowSpec, watermark_seconds: int) -> DataFrame:
@@ -227,7 +227,7 @@ def _event_time_window(start_end: Column, watermark_seconds: int) -> Column:
     return start_end.alias("window", metadata={_WATERMARK_DELAY_KEY: watermark_seconds * 1000})
 
 
-def _finish(windows: DataFrame) -> DataFrame:
+def finish(windows: DataFrame) -> DataFrame:
     """Merged window statistics to the columns the sinks write."""
     start = F.col("window.start")
     n = F.col("n")

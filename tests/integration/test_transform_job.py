@@ -67,12 +67,17 @@ def publish(
     producer.flush()
 
 
+#: The job's shapes (AISTACK_TRANSFORM_QUERIES): a query each for the closed
+#: windows, the open ones and the dead letters, or one for all three.
+QUERIES = pytest.mark.parametrize("queries", ["three", "one"], ids=["three-queries", "one-query"])
+
+
 @pytest.mark.parametrize(
-    "driver_max_windows",
+    ("driver_max_windows", "queries"),
     # The default: a batch's few windows written by the driver; 0: every
     # batch by Spark's Kafka sink and its executors, as a large one is.
-    ["20000", "0"],
-    ids=["driver-writes", "spark-writes"],
+    [("20000", "three"), ("0", "three"), ("20000", "one")],
+    ids=["driver-writes", "spark-writes", "one-query"],
 )
 def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
     infra: Infra,
@@ -81,6 +86,7 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
     tmp_path: Path,
     spark: Any,
     driver_max_windows: str,
+    queries: str,
 ) -> None:
     job = TransformJob(
         infra,
@@ -89,6 +95,7 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
         AISTACK_TRANSFORM_SLIDING_WINDOW_SECONDS="20",
         AISTACK_TRANSFORM_SLIDING_SLIDE_SECONDS="10",
         AISTACK_TRANSFORM_DRIVER_WRITE_MAX_WINDOWS=driver_max_windows,
+        AISTACK_TRANSFORM_QUERIES=queries,
     )
     try:
         # What a killed svc_ingest left behind: a transaction that was
@@ -212,8 +219,9 @@ def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
     assert (latest_sliding.count, latest_sliding.mean) == (1, 30.0)
 
 
+@QUERIES
 def test_open_windows_running_aggregates_reach_redis_before_they_close(
-    infra: Infra, topics: TransformTopics, producer: BusProducer, tmp_path: Path
+    infra: Infra, topics: TransformTopics, producer: BusProducer, tmp_path: Path, queries: str
 ) -> None:
     job = TransformJob(
         infra,
@@ -222,6 +230,7 @@ def test_open_windows_running_aggregates_reach_redis_before_they_close(
         AISTACK_TRANSFORM_SLIDING_WINDOW_SECONDS="20",
         AISTACK_TRANSFORM_SLIDING_SLIDE_SECONDS="10",
         AISTACK_TRANSFORM_OPEN_WINDOWS="all",
+        AISTACK_TRANSFORM_QUERIES=queries,
     )
     store = make_redis(infra.redis)
     key = online_key(topics.redis_prefix, "t-2")
@@ -276,13 +285,19 @@ def test_open_windows_running_aggregates_reach_redis_before_they_close(
         job.close()
 
 
+@QUERIES
 def test_a_killed_job_resumes_from_its_checkpoint_without_losing_or_doubling_a_window(
-    infra: Infra, topics: TransformTopics, producer: BusProducer, tmp_path: Path, spark: Any
+    infra: Infra,
+    topics: TransformTopics,
+    producer: BusProducer,
+    tmp_path: Path,
+    spark: Any,
+    queries: str,
 ) -> None:
     # One reading a second for 200 s: 20 windows of 10 readings, values 0..199.
     events = [reading("t-k", s, float(s)) for s in range(200)]
     state = tmp_path / "job"
-    job = TransformJob(infra, topics, state)
+    job = TransformJob(infra, topics, state, AISTACK_TRANSFORM_QUERIES=queries)
     try:
         publish(producer, topics.clean, events[:100])  # closes the first 9 windows
         wait_until(
@@ -295,7 +310,7 @@ def test_a_killed_job_resumes_from_its_checkpoint_without_losing_or_doubling_a_w
         job.close()
     publish(producer, topics.clean, [*events[100:], reading("clock", 260, 0.0)])
 
-    restarted = TransformJob(infra, topics, state)
+    restarted = TransformJob(infra, topics, state, AISTACK_TRANSFORM_QUERIES=queries)
     try:
         wait_until(lambda: len(read_window_keys(infra, topics)) >= 20, 180, "windows are missing")
         assert restarted.terminate() == 0

@@ -33,7 +33,7 @@ public final class OffsetRanges implements Serializable {
     }
   }
 
-  private void add(String topic, int partition, long min, long max, long count) {
+  void add(String topic, int partition, long min, long max, long count) {
     // A linear scan: a window's events come from one partition, or a few.
     for (OffsetRange range : ranges) {
       if (range.holds(topic, partition)) {

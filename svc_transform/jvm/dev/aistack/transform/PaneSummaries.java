@@ -3,6 +3,7 @@ package dev.aistack.transform;
 import aistack.v1.Events.CleanEvent;
 import java.sql.Timestamp;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.Iterator;
 import java.util.List;
@@ -25,7 +26,9 @@ import scala.jdk.javaapi.CollectionConverters;
  * aggregate functions over every observation, two of them typed (an object per row, and a sort
  * past 128 groups), after the observations were built as rows, converted and exploded: what
  * Spark's own partial aggregation does, without its per-row machinery. A record that is not a
- * usable CleanEvent gives nothing (the dead-letter query says why).
+ * usable CleanEvent gives nothing ({@link #summarise}), or a row of its own that says why and
+ * carries the record ({@link #summariseOrReject}: svc_transform's one read of the clean topic
+ * dead-letters it in the same write as the summaries).
  */
 public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
   private static final long serialVersionUID = 1L;
@@ -34,7 +37,7 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
   private static final String[] INPUT = {"value", "topic", "partition", "offset"};
 
   /** An {@link OffsetRange} as Spark encodes the bean (its fields by name), which the merge reads. */
-  private static final StructType RANGE = Encoders.bean(OffsetRange.class).schema();
+  static final StructType RANGE = Encoders.bean(OffsetRange.class).schema();
 
   private static final int RANGE_TOPIC = RANGE.fieldIndex("topic");
   private static final int RANGE_PARTITION = RANGE.fieldIndex("partition");
@@ -72,14 +75,28 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
               new StructType().add("ranges", DataTypes.createArrayType(RANGE, false)))
           .add("event_time", DataTypes.TimestampType);
 
+  /** The record columns a rejected record carries, in {@link #REJECTED}'s order after its error. */
+  private static final String[] RECORD = {"key", "value", "headers", "topic", "partition", "offset"};
+
+  /**
+   * The column of {@link #summariseOrReject}'s rows that holds a rejected record: why ({@code
+   * error}) and the Kafka record as read; null on a summary, whose own columns are null here.
+   */
+  public static final String REJECTED = "rejected";
+
   private final long paneMicros;
   private final String webMetric;
   private final String webUnit;
+  // Where the read holds key and headers (summariseOrReject), -1 elsewhere.
+  private final int keyAt;
+  private final int headersAt;
 
-  private PaneSummaries(long paneMicros, String webMetric, String webUnit) {
+  private PaneSummaries(long paneMicros, String webMetric, String webUnit, boolean rejects) {
     this.paneMicros = paneMicros;
     this.webMetric = webMetric;
     this.webUnit = webUnit;
+    this.keyAt = rejects ? INPUT.length : -1;
+    this.headersAt = rejects ? INPUT.length + 1 : -1;
   }
 
   /**
@@ -91,8 +108,39 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
     return records
         .selectExpr(INPUT)
         .mapPartitions(
-            new PaneSummaries(paneSeconds * 1_000_000L, webMetric, webUnit),
+            new PaneSummaries(paneSeconds * 1_000_000L, webMetric, webUnit, false),
             Encoders.row(SUMMARY));
+  }
+
+  /**
+   * {@link #summarise}'s summaries, and for each record that is not a usable CleanEvent a row whose
+   * {@link #REJECTED} column holds why ({@code error}, as {@link CleanEventError} says it) and the
+   * record ({@code key}, {@code value}, {@code headers}, {@code topic}, {@code partition}, {@code
+   * offset}): {@code records} are the Kafka source's, read with headers or without (then none).
+   */
+  public static Dataset<Row> summariseOrReject(
+      Dataset<Row> records, long paneSeconds, String webMetric, String webUnit) {
+    if (!Arrays.asList(records.columns()).contains("headers")) {
+      // Read without them (turning every record's headers into rows costs a tenth of a
+      // read): a rejected record's are read again where it is dead-lettered.
+      records =
+          records.selectExpr(
+              "*", "CAST(NULL AS ARRAY<STRUCT<key: STRING, value: BINARY>>) AS headers");
+    }
+    StructType read = records.schema();
+    StructType rejected = new StructType().add("error", DataTypes.StringType);
+    for (String column : RECORD) {
+      rejected = rejected.add(read.apply(column));
+    }
+    String[] columns = new String[INPUT.length + 2];
+    System.arraycopy(INPUT, 0, columns, 0, INPUT.length);
+    columns[INPUT.length] = "key";
+    columns[INPUT.length + 1] = "headers";
+    return records
+        .selectExpr(columns)
+        .mapPartitions(
+            new PaneSummaries(paneSeconds * 1_000_000L, webMetric, webUnit, true),
+            Encoders.row(SUMMARY.add(REJECTED, rejected, true)));
   }
 
   /**
@@ -189,12 +237,16 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
   @Override
   public Iterator<Row> call(Iterator<Row> records) {
     Map<Key, Summary> groups = new HashMap<>();
+    List<Row> out = new ArrayList<>();
     while (records.hasNext()) {
       Row record = records.next();
       CleanEvent event;
       try {
         event = DecodeObservations.parseValid(record.isNullAt(0) ? null : (byte[]) record.get(0));
       } catch (DecodeObservations.Invalid e) {
+        if (keyAt >= 0) {
+          out.add(rejected(record, e.getMessage()));
+        }
         continue;
       }
       String topic = record.getString(1);
@@ -217,11 +269,25 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
             summary.ranges.add(topic, partition, offset);
           });
     }
-    List<Row> out = new ArrayList<>(groups.size());
     for (Map.Entry<Key, Summary> group : groups.entrySet()) {
       out.add(row(group.getKey(), group.getValue()));
     }
     return out.iterator();
+  }
+
+  /** A rejected record's row: every summary column null, then why and the record. */
+  private Row rejected(Row record, String error) {
+    Object[] fields = new Object[SUMMARY.size() + 1];
+    fields[SUMMARY.size()] =
+        RowFactory.create(
+            error,
+            record.get(keyAt),
+            record.get(0),
+            record.get(headersAt),
+            record.get(1),
+            record.get(2),
+            record.get(3));
+    return RowFactory.create(fields);
   }
 
   private Row row(Key key, Summary s) {
@@ -240,23 +306,29 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
         RowFactory.create(
             DecodeObservations.timestamp(key.pane),
             DecodeObservations.timestamp(key.pane + paneMicros));
-    return RowFactory.create(
-        window,
-        key.entity,
-        key.metric,
-        key.path,
-        key.unit,
-        s.n,
-        s.sum / s.n,
-        s.n > 1 ? s.m2 : 0.0,
-        s.min,
-        s.max,
-        s.last,
-        last,
-        s.sketch.toBytes(),
-        s.errorN > 0 ? s.errors : null,
-        s.errorN,
-        RowFactory.create(CollectionConverters.asScala(ranges).toSeq()),
-        last);
+    Object[] fields = {
+      window,
+      key.entity,
+      key.metric,
+      key.path,
+      key.unit,
+      s.n,
+      s.sum / s.n,
+      s.n > 1 ? s.m2 : 0.0,
+      s.min,
+      s.max,
+      s.last,
+      last,
+      s.sketch.toBytes(),
+      s.errorN > 0 ? s.errors : null,
+      s.errorN,
+      RowFactory.create(CollectionConverters.asScala(ranges).toSeq()),
+      last
+    };
+    if (keyAt < 0) {
+      return RowFactory.create(fields);
+    }
+    // summariseOrReject's rows end with the rejected record's column, null on a summary.
+    return RowFactory.create(Arrays.copyOf(fields, fields.length + 1));
   }
 }

@@ -1,0 +1,128 @@
+"""svc_transform as one streaming query (``AISTACK_TRANSFORM_QUERIES=one``).
+
+One read of the clean topic; each task summarises its records per pane
+(``PaneSummaries``) and keeps those that do not decode; one stateful
+operator in the JVM (``WindowState``) keeps each series' panes and gives,
+per micro-batch, the open windows its summaries changed, the windows the
+watermark closed and the rejected records, each row tagged by ``kind``; the
+batch's sink hands each kind to its store. Three queries (the closed
+windows, the open ones, the dead letters) each read and parsed every
+record and paid a micro-batch's fixed cost on the same two cores.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from pyspark.sql import functions as F
+
+from shared.feature_store import WEB_LATENCY
+from svc_transform.functions import WEB_LATENCY_UNIT
+from svc_transform.sinks import OpenWindowSink, WindowSink, undecodable_letters
+from svc_transform.windows import WindowSpec, finish, pane_seconds
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+#: A row's ``kind`` (``WindowState``'s).
+CLOSED, OPEN, REJECTED = "closed", "open", "rejected"
+
+
+def all_windows(
+    records: DataFrame, specs: list[WindowSpec], open_specs: list[WindowSpec], watermark: int
+) -> DataFrame:
+    """Kafka records of clean events (read with headers) to ``WindowState``'s
+    rows: every closed window of ``specs``, the changed open ones of
+    ``open_specs``, the records that are not usable CleanEvents."""
+    from pyspark.sql.classic.dataframe import DataFrame as ClassicFrame
+
+    session = records.sparkSession
+    jvm = session.sparkContext._jvm
+    assert jvm is not None  # a running session's
+    spec_text = ";".join(
+        f"{s.size_seconds}:{s.slide_seconds}:{s.name}:{int(s in open_specs)}" for s in specs
+    )
+    windows = jvm.dev.aistack.transform.WindowState.windows(
+        records._jdf, spec_text, pane_seconds(specs), watermark, WEB_LATENCY, WEB_LATENCY_UNIT
+    )
+    return ClassicFrame(windows, session)
+
+
+def with_headers(rejected: DataFrame, kafka_options: dict[str, str]) -> DataFrame:
+    """``rejected`` rows' records (``undecodable_letters``' columns) with
+    their headers, read again from Kafka:
+    the query reads without them (a tenth of its read for every record, where
+    only a rejected one needs them); a few records, once each."""
+    record = F.col(REJECTED)
+    positions = rejected.select(
+        record["topic"].alias("topic"),
+        record["partition"].alias("partition"),
+        record["offset"].alias("offset"),
+    ).collect()
+    spans: dict[str, dict[str, list[int]]] = {}
+    for topic, partition, offset in positions:
+        span = spans.setdefault(topic, {}).setdefault(str(partition), [offset, offset])
+        span[0], span[1] = min(span[0], offset), max(span[1], offset)
+
+    def offsets(end: int, past: int) -> str:
+        return json.dumps(
+            {t: {p: span[end] + past for p, span in ps.items()} for t, ps in spans.items()}
+        )
+
+    read = (
+        rejected.sparkSession.read.format("kafka")
+        .options(**kafka_options)
+        .option("assign", json.dumps({t: [int(p) for p in ps] for t, ps in spans.items()}))
+        .option("startingOffsets", offsets(0, 0))
+        .option("endingOffsets", offsets(1, 1))
+        .option("includeHeaders", "true")
+        .load()
+        .select("topic", "partition", "offset", F.col("headers").alias("read_headers"))
+    )
+    flat = rejected.select(f"{REJECTED}.*").drop("headers")
+    joined = flat.join(read, ["topic", "partition", "offset"], "left")
+    return joined.withColumnRenamed("read_headers", "headers")
+
+
+class KindSink:
+    """``foreachBatch`` target of the single query: the open windows to
+    ``open_windows`` (first: the online store's freshness waits on it), the
+    closed ones to ``closed_windows``, the rejected records to the
+    dead-letter topic."""
+
+    def __init__(
+        self,
+        *,
+        closed_windows: WindowSink,
+        open_windows: OpenWindowSink | None,
+        kafka_options: dict[str, str],
+        kafka_sink_options: dict[str, str],
+        dlq_topic: str,
+    ) -> None:
+        self._closed = closed_windows
+        self._open = open_windows
+        self._kafka_options = kafka_options
+        self._kafka_sink_options = kafka_sink_options
+        self._dlq_topic = dlq_topic
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        batch.persist()
+        try:
+            # One job computes the batch into its cache; each kind reads it there.
+            kinds = {row[0]: row[1] for row in batch.groupBy("kind").count().collect()}
+            if kinds.get(OPEN) and self._open is not None:
+                self._open(finish(batch.where(F.col("kind") == OPEN)), batch_id)
+            if kinds.get(CLOSED):
+                self._closed(finish(batch.where(F.col("kind") == CLOSED)), batch_id)
+            if kinds.get(REJECTED):
+                rejected = batch.where(F.col("kind") == REJECTED)
+                (
+                    undecodable_letters(with_headers(rejected, self._kafka_options))
+                    .write.format("kafka")
+                    .options(**self._kafka_sink_options)
+                    .option("topic", self._dlq_topic)
+                    .save()
+                )
+        finally:
+            batch.unpersist()
