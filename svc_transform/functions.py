@@ -78,21 +78,6 @@ def summarise_panes(records: DataFrame, pane_seconds: int) -> DataFrame:
     )
 
 
-def summarise_or_reject(records: DataFrame, pane_seconds: int) -> DataFrame:
-    """``summarise_panes``' summaries of Kafka records read with headers,
-    and for each record that is not a usable CleanEvent a row whose
-    ``rejected`` column (null on a summary, whose own columns are null on
-    it) holds why, ``error``, and the record: ``key``, ``value``,
-    ``headers``, ``topic``, ``partition``, ``offset``."""
-    from pyspark.sql.classic.dataframe import DataFrame as ClassicFrame
-
-    session = records.sparkSession
-    summarise = _jvm(session).dev.aistack.transform.PaneSummaries.summariseOrReject
-    return ClassicFrame(
-        summarise(records._jdf, pane_seconds, WEB_LATENCY, WEB_LATENCY_UNIT), session
-    )
-
-
 def _jvm(spark: SparkSession) -> Any:
     """``spark``'s JVM gateway view."""
     jvm = spark.sparkContext._jvm

