@@ -184,19 +184,19 @@ def start_three(
         # Offsets and commits are written in the background (Kafka sink only).
         dead = dead.option("asyncProgressTrackingEnabled", "true")
     queries.append(dead.start())
-    windows = (
-        aggregate(
-            read_clean_events(spark, settings, headers=False),
-            window_specs(settings),
-            settings.watermark_seconds,
-        )
-        .writeStream.queryName(WINDOWS_QUERY)
-        .outputMode("append")
-        .foreachBatch(ByBatchSize(sink, WINDOWS_QUERY, sizes, settings.interpreted_max_rows))
-        .option("checkpointLocation", f"{checkpoint}/{WINDOWS_QUERY}")
-        .trigger(processingTime=f"{settings.trigger_seconds} seconds")
+    windows = aggregate(
+        read_clean_events(spark, settings, headers=False),
+        window_specs(settings),
+        settings.watermark_seconds,
     )
-    queries.append(windows.start())
+    queries.append(
+        _windows_query(
+            windows,
+            ByBatchSize(sink, WINDOWS_QUERY, sizes, settings.interpreted_max_rows),
+            f"{checkpoint}/{WINDOWS_QUERY}",
+            settings.trigger_seconds,
+        )
+    )
     if settings.open_windows != "none":
         queries.append(start_open_windows(spark, settings, metrics, checkpoint, sizes))
     return queries
@@ -229,19 +229,30 @@ def start_single(
         kafka_sink_options=kafka_sink_options(settings.kafka),
         dlq_topic=settings.dlq_topic,
     )
-    interval = settings.open_window_trigger_seconds if opened else settings.trigger_seconds
+    windows = all_windows(
+        read_clean_events(spark, settings, headers=False),
+        window_specs(settings),
+        opened,
+        settings.watermark_seconds,
+    )
+    return _windows_query(
+        windows,
+        ByBatchSize(sink, WINDOWS_QUERY, sizes, settings.interpreted_max_rows),
+        f"{checkpoint}/{SINGLE_QUERY_CHECKPOINT}",
+        settings.open_window_trigger_seconds if opened else settings.trigger_seconds,
+    )
+
+
+def _windows_query(
+    windows: DataFrame, sink: ByBatchSize, checkpoint: str, interval_seconds: float
+) -> StreamingQuery:
+    """The query named ``WINDOWS_QUERY`` (append mode), each batch to ``sink``."""
     return (
-        all_windows(
-            read_clean_events(spark, settings, headers=False),
-            window_specs(settings),
-            opened,
-            settings.watermark_seconds,
-        )
-        .writeStream.queryName(WINDOWS_QUERY)
+        windows.writeStream.queryName(WINDOWS_QUERY)
         .outputMode("append")
-        .foreachBatch(ByBatchSize(sink, WINDOWS_QUERY, sizes, settings.interpreted_max_rows))
-        .option("checkpointLocation", f"{checkpoint}/{SINGLE_QUERY_CHECKPOINT}")
-        .trigger(processingTime=f"{interval} seconds")
+        .foreachBatch(sink)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=f"{interval_seconds} seconds")
         .start()
     )
 

@@ -32,7 +32,7 @@ CLOSED, OPEN, REJECTED = "closed", "open", "rejected"
 def all_windows(
     records: DataFrame, specs: list[WindowSpec], open_specs: list[WindowSpec], watermark: int
 ) -> DataFrame:
-    """Kafka records of clean events (read with headers) to ``WindowState``'s
+    """Kafka records of clean events (read with headers or without) to ``WindowState``'s
     rows: every closed window of ``specs``, the changed open ones of
     ``open_specs``, the records that are not usable CleanEvents."""
     from pyspark.sql.classic.dataframe import DataFrame as ClassicFrame
@@ -51,9 +51,9 @@ def all_windows(
 
 def with_headers(rejected: DataFrame, kafka_options: dict[str, str]) -> DataFrame:
     """``rejected`` rows' records (``undecodable_letters``' columns) with
-    their headers, read again from Kafka:
-    the query reads without them (a tenth of its read for every record, where
-    only a rejected one needs them); a few records, once each."""
+    their headers, read again from Kafka: the query reads without them (a
+    tenth of its read for every record, where only a rejected one needs
+    them); a few records, once each."""
     record = F.col(REJECTED)
     positions = rejected.select(
         record["topic"].alias("topic"),

@@ -37,7 +37,7 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
   private static final String[] INPUT = {"value", "topic", "partition", "offset"};
 
   /** An {@link OffsetRange} as Spark encodes the bean (its fields by name), which the merge reads. */
-  static final StructType RANGE = Encoders.bean(OffsetRange.class).schema();
+  private static final StructType RANGE = Encoders.bean(OffsetRange.class).schema();
 
   private static final int RANGE_TOPIC = RANGE.fieldIndex("topic");
   private static final int RANGE_PARTITION = RANGE.fieldIndex("partition");
@@ -275,6 +275,33 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
     return out.iterator();
   }
 
+  /** {@code ranges} as a summary's {@code sources} column ({@code struct<ranges: ...>}), sorted. */
+  static Row sources(OffsetRanges ranges) {
+    List<Row> rows = new ArrayList<>();
+    for (OffsetRange r : ranges.sorted().getRanges()) {
+      Object[] fields = new Object[RANGE.size()];
+      fields[RANGE_TOPIC] = r.getTopic();
+      fields[RANGE_PARTITION] = r.getPartition();
+      fields[RANGE_MIN] = r.getMinOffset();
+      fields[RANGE_MAX] = r.getMaxOffset();
+      fields[RANGE_COUNT] = r.getCount();
+      rows.add(RowFactory.create(fields));
+    }
+    return RowFactory.create(CollectionConverters.asScala(rows).toSeq());
+  }
+
+  /** A summary's {@code sources} column ({@link #sources}) added to {@code ranges}. */
+  static void addSources(OffsetRanges ranges, Row sources) {
+    for (Row r : sources.<Row>getList(0)) {
+      ranges.add(
+          r.getString(RANGE_TOPIC),
+          r.getInt(RANGE_PARTITION),
+          r.getLong(RANGE_MIN),
+          r.getLong(RANGE_MAX),
+          r.getLong(RANGE_COUNT));
+    }
+  }
+
   /** A rejected record's row: every summary column null, then why and the record. */
   private Row rejected(Row record, String error) {
     Object[] fields = new Object[SUMMARY.size() + 1];
@@ -291,16 +318,6 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
   }
 
   private Row row(Key key, Summary s) {
-    List<Row> ranges = new ArrayList<>();
-    for (OffsetRange r : s.ranges.sorted().getRanges()) {
-      Object[] fields = new Object[RANGE.size()];
-      fields[RANGE_TOPIC] = r.getTopic();
-      fields[RANGE_PARTITION] = r.getPartition();
-      fields[RANGE_MIN] = r.getMinOffset();
-      fields[RANGE_MAX] = r.getMaxOffset();
-      fields[RANGE_COUNT] = r.getCount();
-      ranges.add(RowFactory.create(fields));
-    }
     Timestamp last = DecodeObservations.timestamp(s.lastMicros);
     Row window =
         RowFactory.create(
@@ -322,7 +339,7 @@ public final class PaneSummaries implements MapPartitionsFunction<Row, Row> {
       s.sketch.toBytes(),
       s.errorN > 0 ? s.errors : null,
       s.errorN,
-      RowFactory.create(CollectionConverters.asScala(ranges).toSeq()),
+      sources(s.ranges),
       last
     };
     if (keyAt < 0) {

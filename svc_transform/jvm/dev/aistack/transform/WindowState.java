@@ -9,6 +9,7 @@ import java.io.Serializable;
 import java.io.UncheckedIOException;
 import java.sql.Timestamp;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
@@ -25,7 +26,6 @@ import org.apache.spark.sql.streaming.GroupStateTimeout;
 import org.apache.spark.sql.streaming.OutputMode;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
-import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * Every window of one stream, closed and open, from one stateful operator: each task's pane
@@ -34,7 +34,7 @@ import scala.jdk.javaapi.CollectionConverters;
  * holds them. A micro-batch gives the open windows (of the specs marked open) that its summaries
  * changed, as they stand, and the windows the watermark closed since the series was last seen
  * (an event-time timeout at the next window's end calls a series that has no new summaries), each
- * a row of {@link #OUTPUT} tagged by {@code kind}; a record that is not a usable CleanEvent passes
+ * a row of {@link #output} tagged by {@code kind}; a record that is not a usable CleanEvent passes
  * through as a {@code rejected} row. One read of the clean topic, one state store and one
  * micro-batch's fixed cost, where the closed windows, the open ones and the dead letters were a
  * query each.
@@ -77,9 +77,7 @@ public final class WindowState
   private static final int SOURCES = SUMMARY.fieldIndex("sources");
   private static final int REJECTED_AT = SUMMARY.size();
 
-  private static final StructType RANGE = PaneSummaries.RANGE;
-
-  /** An output row: which kind, then what {@code windows._finish} reads. */
+  /** An output row: which kind, then what {@code windows.finish} reads. */
   static StructType output(StructType rejected) {
     StructType output =
         new StructType()
@@ -127,7 +125,7 @@ public final class WindowState
           starts[found++] = start;
         }
       }
-      return java.util.Arrays.copyOf(starts, found);
+      return Arrays.copyOf(starts, found);
     }
   }
 
@@ -159,14 +157,7 @@ public final class WindowState
       part.sketch = QuantileSketch.fromBytes((byte[]) summary.get(SKETCH));
       part.errors = summary.isNullAt(ERRORS) ? null : summary.getDouble(ERRORS);
       part.errorN = summary.getLong(ERROR_N);
-      for (Row r : summary.getStruct(SOURCES).<Row>getList(0)) {
-        part.ranges.add(
-            r.getString(RANGE.fieldIndex("topic")),
-            r.getInt(RANGE.fieldIndex("partition")),
-            r.getLong(RANGE.fieldIndex("minOffset")),
-            r.getLong(RANGE.fieldIndex("maxOffset")),
-            r.getLong(RANGE.fieldIndex("count")));
-      }
+      PaneSummaries.addSources(part.ranges, summary.getStruct(SOURCES));
       add(part);
     }
 
@@ -286,9 +277,9 @@ public final class WindowState
   }
 
   /**
-   * Every window of {@code records} (the Kafka source's, with headers): {@code specs} as {@code
-   * size:slide:name:open;...} (seconds; open 1 or 0), panes of {@code paneSeconds}, the watermark
-   * {@code watermarkSeconds} behind the latest event time.
+   * Every window of {@code records} (the Kafka source's, with or without headers): {@code specs}
+   * as {@code size:slide:name:open;...} (seconds; open 1 or 0), panes of {@code paneSeconds}, the
+   * watermark {@code watermarkSeconds} behind the latest event time.
    */
   public static Dataset<Row> windows(
       Dataset<Row> records,
@@ -408,16 +399,6 @@ public final class WindowState
       window.add(pane.getValue());
     }
     double mean = window.total / window.n;
-    List<Row> ranges = new ArrayList<>();
-    for (OffsetRange r : window.ranges.sorted().getRanges()) {
-      Object[] fields = new Object[RANGE.size()];
-      fields[RANGE.fieldIndex("topic")] = r.getTopic();
-      fields[RANGE.fieldIndex("partition")] = r.getPartition();
-      fields[RANGE.fieldIndex("minOffset")] = r.getMinOffset();
-      fields[RANGE.fieldIndex("maxOffset")] = r.getMaxOffset();
-      fields[RANGE.fieldIndex("count")] = r.getCount();
-      ranges.add(RowFactory.create(fields));
-    }
     return RowFactory.create(
         kind,
         RowFactory.create(
@@ -439,14 +420,15 @@ public final class WindowState
         window.sketch.toBytes(),
         window.errors,
         window.errorN,
-        RowFactory.create(CollectionConverters.asScala(ranges).toSeq()),
+        PaneSummaries.sources(window.ranges),
         null);
   }
 
   private static Row rejectedRow(Row rejected) {
-    Object[] fields = new Object[21];
+    // kind, window, size, slide, name, the window columns, then the rejected record.
+    Object[] fields = new Object[5 + WINDOW_COLUMNS.length + 1];
     fields[0] = REJECTED;
-    fields[20] = rejected;
+    fields[fields.length - 1] = rejected;
     return RowFactory.create(fields);
   }
 
