@@ -1,13 +1,15 @@
 """The streaming queries of svc_transform and how they start and stop.
 
-One query reads the clean topic, aggregates every window kind (tumbling, and
-sliding when configured), and hands each batch of closed windows to a
-``WindowSink``. A second (``open_windows``), in update output mode on a fast
-trigger, keeps each open window's running aggregate in the online store
-(``OpenWindowSink``): a closed window leaves Spark only once the watermark
-passes it, and a model fed by entity should see the last second's readings.
-One more, stateless and on a slower trigger, dead-letters what does not
-decode. Each has its own checkpoint under the checkpoint directory, so a
+By default (``AISTACK_TRANSFORM_QUERIES=one``) one query reads the clean
+topic and gives every window kind's closed windows (tumbling, and sliding
+when configured) to a ``WindowSink``, the open windows' running aggregates
+to the online store (``OpenWindowSink``: a closed window leaves Spark only
+once the watermark passes it, and a model fed by entity should see the last
+second's readings) and what does not decode to the dead-letter topic
+(``svc_transform.single_query``). With ``three``, each of those is a query
+of its own: the closed windows', the open windows' (update output mode, on
+a fast trigger) and the dead letters' (stateless, on a slower trigger).
+Each query has its own checkpoint under the checkpoint directory, so a
 killed job resumes each where it stopped.
 """
 
@@ -228,6 +230,7 @@ def start_single(
         kafka_options=kafka_options(settings.kafka),
         kafka_sink_options=kafka_sink_options(settings.kafka),
         dlq_topic=settings.dlq_topic,
+        collect_max_rows=settings.driver_write_max_windows,
     )
     windows = all_windows(
         read_clean_events(spark, settings, headers=False),

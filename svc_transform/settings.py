@@ -27,17 +27,23 @@ class TransformSettings(ServiceSettings):
     sliding_slide_seconds: int = Field(default=60, ge=1)
     # How late an event may be and still update its window.
     watermark_seconds: int = Field(default=30, ge=0)
+    # The windows' micro-batch interval: the single query's while the open
+    # windows are off, the closed-window query's of three.
     trigger_seconds: float = Field(default=5.0, gt=0)
-    # "three": a query each for the closed windows, the open ones and the
-    # dead letters, each reading the clean topic; "one": a single query and
-    # stateful operator gives all three (svc_transform.single_query), on the
-    # open windows' interval while they are on.
-    queries: Literal["one", "three"] = "three"
-    # The dead-letter query's own interval: nobody waits on dead letters, and
-    # each of its batches decodes every record again, competing for cores.
+    # "one": a single query and stateful operator gives the closed windows,
+    # the open ones and the dead letters (svc_transform.single_query), on the
+    # open windows' interval while they are on; "three": a query each, each
+    # reading the clean topic (slower to read a backlog, its open windows a
+    # little fresher: docs/benchmarks.md). Each shape checkpoints apart: a
+    # change starts the other from AISTACK_TRANSFORM_STARTING_OFFSETS.
+    queries: Literal["one", "three"] = "one"
+    # With three queries, the dead-letter query's own interval: nobody waits
+    # on dead letters, and each of its batches decodes every record again,
+    # competing for cores.
     dead_letter_trigger_seconds: float = Field(default=10.0, gt=0)
-    # Kafka sink's asynchronous progress tracking (Spark 3.4+): offsets are
-    # committed in the background, which takes them off each batch's path.
+    # With three queries, the dead-letter query's Kafka sink's asynchronous
+    # progress tracking (Spark 3.4+): offsets are committed in the
+    # background, which takes them off each batch's path.
     async_progress: bool = True
     # Where a query without a checkpoint starts: "earliest", "latest", or
     # Spark's per-partition JSON ({"aistack.events.clean": {"0": 42, ...}}),
@@ -53,8 +59,9 @@ class TransformSettings(ServiceSettings):
     # Online store: latest closed window per entity and metric.
     online_key_prefix: str = ONLINE_KEY_PREFIX
     online_ttl_seconds: int = Field(default=86_400, ge=1)
-    # The open windows' running aggregates in the online store, from a query
-    # of their own (update output mode) on this trigger: 0 starts a batch as
+    # The open windows' running aggregates in the online store, every
+    # micro-batch of the single query (or, with three, of a query of their
+    # own, update output mode), on this trigger: 0 starts a batch as
     # soon as the last ends (idle, the query asks Kafka for new offsets every
     # 10 ms); an interval aligns each start to its next multiple, which adds
     # half an interval of staleness on average. "tumbling": the tumbling
@@ -66,7 +73,9 @@ class TransformSettings(ServiceSettings):
     # A closed-window batch of at most this many windows is written to Kafka
     # and Redis by the driver from one collect (no Kafka job, no Python
     # workers; the windows.written log line times each part); a larger one
-    # by Spark's Kafka sink and its executors. 0: always by Spark.
+    # by Spark's Kafka sink and its executors. With one query, a batch after
+    # one of at most this many rows (windows and dead letters) is computed
+    # and collected, every kind, by one job. 0: always by Spark.
     driver_write_max_windows: int = Field(default=20_000, ge=0)
     # A windows query's batch expected to hold at most this many rows runs
     # Spark's interpreted projections (svc_transform.codegen): generating

@@ -28,11 +28,11 @@ same FeatureWindow bytes as the window's Kafka record.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import functions as F
@@ -65,8 +65,8 @@ FEATURE_WINDOW_TYPE = type_name(FeatureWindow)
 
 log = get_logger("svc_transform")
 
-# The partitions a window's row gives; the sink adds the batch's own.
-_ROW_PARTITIONS = tuple(name for name in PARTITION_COLUMNS if name != "batch")
+#: The partitions a window's row gives; the sink adds the batch's own.
+ROW_PARTITIONS = tuple(name for name in PARTITION_COLUMNS if name != "batch")
 
 # Replace the stored window only with a newer one; keep the key alive.
 _SET_IF_NEWER = """
@@ -208,55 +208,77 @@ class WindowSink:
         started = time.perf_counter()
         batch.persist()
         try:
-            table: pa.Table | None = None
-            if self._few_expected():
+            if self.few_expected():
                 # The collect itself computes the batch into its cache: one
                 # job where a count and then a collect were two.
                 table = self.collect(batch)
-                count = table.num_rows
-            else:
-                count = batch.count()
+                seconds = {"aggregate_s": _since(started)}
+                self.write_collected(batch, table, batch_id, seconds, started)
+                return
+            count = batch.count()
             if not count:
                 return
-            counted = time.perf_counter()
-            if table is not None or count <= self._driver_max_windows:
-                # A few windows: the driver writes all three stores from one
-                # small collect (no Kafka job, no Python workers, no Parquet
-                # job on a local store), Kafka first.
-                if table is None:
-                    table = self.collect(batch)
-                windows = _DriverWindow.all(table)
-                seconds = {
-                    "collect_s": round(time.perf_counter() - counted, 3),
-                    "kafka_s": _timed(partial(self._produce, windows)),
-                }
-                stores = {
-                    "parquet": partial(self.to_parquet_collected, batch, table, batch_id),
-                    "redis": partial(_write_online, windows, self._redis, self._prefix, self._ttl),
-                }
-            else:
-                # Kafka first and alone: it is what downstream services wait on.
-                seconds = {"kafka_s": _timed(partial(self.to_kafka, batch))}
-                stores = {
-                    "parquet": partial(self.to_parquet, batch, batch_id),
-                    "redis": partial(self.to_redis, batch),
-                }
-            running = {name: self._pool.submit(_timed, write) for name, write in stores.items()}
-            # Every sink must finish (or the batch fails and Spark runs it again).
-            seconds |= {f"{name}_s": future.result() for name, future in running.items()}
-            self._on_written(count)
-            log.debug(
-                "windows.written",
-                batch=batch_id,
-                windows=count,
-                aggregate_s=round(counted - started, 3),
-                **seconds,
-                total_s=round(time.perf_counter() - started, 3),
-            )
+            seconds = {"aggregate_s": _since(started)}
+            if count <= self._driver_max_windows:
+                counted = time.perf_counter()
+                table = self.collect(batch)
+                seconds["collect_s"] = _since(counted)
+                self.write_collected(batch, table, batch_id, seconds, started)
+                return
+            # Kafka first and alone: it is what downstream services wait on.
+            seconds["kafka_s"] = _timed(partial(self.to_kafka, batch))
+            stores = {
+                "parquet": partial(self.to_parquet, batch, batch_id),
+                "redis": partial(self.to_redis, batch),
+            }
+            self._write_stores(stores, count, batch_id, seconds, started)
         finally:
             batch.unpersist()
 
-    def _few_expected(self) -> bool:
+    def write_collected(
+        self,
+        batch: DataFrame,
+        table: pa.Table,
+        batch_id: int,
+        seconds: dict[str, float],
+        started: float,
+    ) -> None:
+        """A few windows (``collect``'s ``table`` of ``batch``): the driver
+        writes all three stores (no Kafka job, no Python workers, no Parquet
+        job on a local store), Kafka first; ``seconds`` (what getting them
+        took, since ``started``) goes into the ``windows.written`` line."""
+        if not table.num_rows:
+            return
+        windows = rows_of(table, _DriverWindow)
+        seconds["kafka_s"] = _timed(partial(self._produce, windows))
+        stores = {
+            "parquet": partial(self.to_parquet_collected, batch, table, batch_id),
+            "redis": partial(_write_online, windows, self._redis, self._prefix, self._ttl),
+        }
+        self._write_stores(stores, table.num_rows, batch_id, seconds, started)
+
+    def _write_stores(
+        self,
+        stores: Mapping[str, Callable[[], None]],
+        count: int,
+        batch_id: int,
+        seconds: dict[str, float],
+        started: float,
+    ) -> None:
+        """The offline and online stores at once, after Kafka; logs each part's time."""
+        running = {name: self._pool.submit(_timed, write) for name, write in stores.items()}
+        # Every sink must finish (or the batch fails and Spark runs it again).
+        seconds |= {f"{name}_s": future.result() for name, future in running.items()}
+        self._on_written(count)
+        log.debug(
+            "windows.written",
+            batch=batch_id,
+            windows=count,
+            **seconds,
+            total_s=_since(started),
+        )
+
+    def few_expected(self) -> bool:
         """Whether the batch is expected to read no more rows than the driver
         writes windows: its windows are then collected without counting them
         first (a batch's closed windows are at most its state's, which a
@@ -271,7 +293,7 @@ class WindowSink:
         Kafka's (the end, the FeatureWindow bytes)."""
         return batch.select(
             *OFFLINE_COLUMNS,
-            *_ROW_PARTITIONS,
+            *ROW_PARTITIONS,
             *_online_values(),
         ).toArrow()
 
@@ -284,7 +306,7 @@ class WindowSink:
         if scheme(self._offline_path) or options is None:
             self.to_parquet(batch.coalesce(1), batch_id)
             return
-        rows = table.select([*OFFLINE_COLUMNS, *_ROW_PARTITIONS])
+        rows = table.select([*OFFLINE_COLUMNS, *ROW_PARTITIONS])
         rows = rows.append_column("batch", pa.array([batch_id] * rows.num_rows, pa.int64()))
         schema = self._spark_schemas.get(rows.schema)
         if schema is None:
@@ -389,10 +411,28 @@ class _DriverWindow(NamedTuple):
     end_ms: int
     value: bytes
 
-    @classmethod
-    def all(cls, table: pa.Table) -> list[_DriverWindow]:
-        columns = (table.column(name).to_pylist() for name in cls._fields)
-        return [cls(*values) for values in zip(*columns, strict=True)]
+
+class OpenWindow(NamedTuple):
+    """An open window as ``OpenWindowSink.write`` takes it (``open_window_columns``)."""
+
+    entity_id: str
+    metric: str
+    path: str
+    window: str
+    end_ms: int
+    last_us: int
+    n: int
+    value: bytes
+
+
+_Row = TypeVar("_Row", bound=tuple[Any, ...])
+
+
+def rows_of(table: pa.Table, row: type[_Row]) -> list[_Row]:
+    """``table``'s rows as ``row`` named tuples, each field the column of its name."""
+    fields: tuple[str, ...] = row._fields  # type: ignore[attr-defined]
+    columns = (table.column(name).to_pylist() for name in fields)
+    return [row(*values) for values in zip(*columns, strict=True)]
 
 
 def _online_columns() -> list[Column | str]:
@@ -427,18 +467,26 @@ class OpenWindowSink:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         # A few rows per entity: the driver writes them, with no Python
         # workers to start and no shuffle on the way to the store.
-        rows = batch.select(
-            "entity_id",
-            "metric",
-            "path",
-            "window",
-            F.unix_millis("window_end").alias("end_ms"),
-            F.unix_micros("last_event_time").alias("last_us"),
-            # Not "count": a Row is a tuple, whose count is a method.
-            F.col("count").alias("n"),
-            feature_window_bytes(open_window=True).alias("value"),
-        ).collect()
+        self.write(batch.select(*open_window_columns()).collect())
+
+    def write(self, rows: Iterable[Any]) -> None:
+        """Windows with ``open_window_columns``' fields into the online store."""
         self._on_written(_write_open(rows, self._redis, self._prefix, self._ttl))
+
+
+def open_window_columns() -> list[Column | str]:
+    """An open window as ``OpenWindowSink`` stores it."""
+    return [
+        "entity_id",
+        "metric",
+        "path",
+        "window",
+        F.unix_millis("window_end").alias("end_ms"),
+        F.unix_micros("last_event_time").alias("last_us"),
+        # Not "count": a Row is a tuple, whose count is a method.
+        F.col("count").alias("n"),
+        feature_window_bytes(open_window=True).alias("value"),
+    ]
 
 
 def freshest_open_windows(rows: Iterable[Any]) -> list[Any]:
@@ -487,6 +535,10 @@ def _write_open(rows: Iterable[Any], settings: RedisSettings, prefix: str, ttl: 
 def _timed(write: Callable[[], None]) -> float:
     started = time.perf_counter()
     write()
+    return _since(started)
+
+
+def _since(started: float) -> float:
     return round(time.perf_counter() - started, 3)
 
 

@@ -227,11 +227,13 @@ def _event_time_window(start_end: Column, watermark_seconds: int) -> Column:
     return start_end.alias("window", metadata={_WATERMARK_DELAY_KEY: watermark_seconds * 1000})
 
 
-def finish(windows: DataFrame) -> DataFrame:
-    """Merged window statistics to the columns the sinks write."""
+def finish(windows: DataFrame, *keep: str) -> DataFrame:
+    """Merged window statistics to the columns the sinks write, the ``keep``
+    columns first, as they are."""
     start = F.col("window.start")
     n = F.col("n")
     return windows.select(
+        *keep,
         _window_key().alias("window_key"),
         "entity_id",
         "metric",

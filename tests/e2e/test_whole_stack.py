@@ -46,6 +46,7 @@ from shared.redis_client import make_redis
 from shared.rpc.client import open_sync_channel
 from shared.settings import KafkaSettings
 from svc_trainer.data.datasets import load
+from svc_transform.job import SINGLE_QUERY_CHECKPOINT
 from tests.integration.test_stack import settings_on_free_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -450,7 +451,7 @@ def test_the_demos_events_flow_twice_on_one_state(stack: ServiceStack) -> None:
     assert windows[1] >= 0.8 * windows[0] > 0, (windows, said)
     # Moved aside on the bucket, where the stack keeps them.
     archived = sorted(fs.ls(epochs, detail=False, refresh=True))[-1]
-    assert fs.find(f"{archived}/checkpoint/windows/offsets")
+    assert fs.find(f"{archived}/checkpoint/{SINGLE_QUERY_CHECKPOINT}/offsets")
     assert fs.find(f"{archived}/offline")
     assert f"s3://{archived}" in said[1]
 

@@ -75,9 +75,10 @@ QUERIES = pytest.mark.parametrize("queries", ["three", "one"], ids=["three-queri
 @pytest.mark.parametrize(
     ("driver_max_windows", "queries"),
     # The default: a batch's few windows written by the driver; 0: every
-    # batch by Spark's Kafka sink and its executors, as a large one is.
-    [("20000", "three"), ("0", "three"), ("20000", "one")],
-    ids=["driver-writes", "spark-writes", "one-query"],
+    # batch by Spark's Kafka sink and its executors, as a large one is (and,
+    # with one query, each kind by its own jobs, as after a large batch).
+    [("20000", "three"), ("0", "three"), ("20000", "one"), ("0", "one")],
+    ids=["driver-writes", "spark-writes", "one-query", "one-query-spark-writes"],
 )
 def test_windows_reach_kafka_parquet_and_redis_exactly_and_late_data_is_counted(
     infra: Infra,

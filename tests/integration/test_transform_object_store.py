@@ -17,6 +17,7 @@ from shared.contracts.aistack.v1 import features_pb2
 from shared.feature_store import OFFLINE_COLUMNS, online_field
 from shared.object_store import filesystem
 from shared.offline_store import latest_windows, open_store, selection, training_distribution
+from svc_transform.job import SINGLE_QUERY_CHECKPOINT
 from svc_transform.sinks import WindowSink
 from tests.infra import Infra, read_records, read_topic, wait_until
 from tests.integration import test_transform_job as transform_tests
@@ -94,7 +95,7 @@ def test_windows_written_on_s3a_are_read_back_from_s3(
     assert reference.feature == online_field("temperature", TUMBLING)
     # The checkpoint is on the bucket too, and nothing was left on local disk.
     fs, root = filesystem(object_store.url(unique), object_store.settings)
-    assert fs.exists(f"{root}/checkpoint/windows/offsets/0")
+    assert fs.exists(f"{root}/checkpoint/{SINGLE_QUERY_CHECKPOINT}/offsets/0")
     assert not (tmp_path / "job" / "transform" / "checkpoint").exists()
     assert not (tmp_path / "job" / "features").exists()
 

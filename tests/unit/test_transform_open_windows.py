@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-from svc_transform.sinks import freshest_open_windows
+from svc_transform.sinks import OpenWindow, freshest_open_windows
 
 S = 1_000  # milliseconds
 US = 1_000_000
 
 
-class Row(NamedTuple):
-    """The open-window sink's columns (``OpenWindowSink``), as Spark gives them."""
-
-    entity_id: str
-    metric: str
-    path: str
-    window: str
-    end_ms: int
-    last_us: int
-    n: int
-    value: bytes = b""
-
-
-def sliding(end_s: int, last_s: int, n: int, entity: str = "t-1") -> Row:
-    return Row(entity, "temperature", "", "sliding-20s-every-10s", end_s * S, last_s * US, n)
+def sliding(end_s: int, last_s: int, n: int, entity: str = "t-1") -> OpenWindow:
+    return OpenWindow(
+        entity, "temperature", "", "sliding-20s-every-10s", end_s * S, last_s * US, n, b""
+    )
 
 
 def test_the_fullest_window_holding_the_latest_reading_is_served() -> None:
@@ -42,7 +29,7 @@ def test_a_late_readings_window_gives_way_to_the_one_holding_the_latest() -> Non
 
 def test_a_batch_of_only_a_late_reading_offers_its_window() -> None:
     # The store refuses it when it holds a later window (compared by end).
-    rows = [Row("t-1", "temperature", "", "tumbling-10s", 10 * S, 8 * US, 4)]
+    rows = [OpenWindow("t-1", "temperature", "", "tumbling-10s", 10 * S, 8 * US, 4, b"")]
     assert freshest_open_windows(rows) == rows
 
 
@@ -50,10 +37,10 @@ def test_each_entity_metric_path_and_kind_gets_its_own_window() -> None:
     rows = [
         sliding(20, 11, 4),
         sliding(20, 12, 2, entity="t-2"),
-        Row("t-1", "humidity", "", "sliding-20s-every-10s", 20 * S, 11 * US, 4),
-        Row("t-1", "temperature", "", "tumbling-10s", 20 * S, 11 * US, 1),
-        Row("h", "http.latency_ms", "/a", "tumbling-10s", 20 * S, 11 * US, 1),
-        Row("h", "http.latency_ms", "/b", "tumbling-10s", 20 * S, 11 * US, 1),
+        OpenWindow("t-1", "humidity", "", "sliding-20s-every-10s", 20 * S, 11 * US, 4, b""),
+        OpenWindow("t-1", "temperature", "", "tumbling-10s", 20 * S, 11 * US, 1, b""),
+        OpenWindow("h", "http.latency_ms", "/a", "tumbling-10s", 20 * S, 11 * US, 1, b""),
+        OpenWindow("h", "http.latency_ms", "/b", "tumbling-10s", 20 * S, 11 * US, 1, b""),
     ]
     assert sorted(freshest_open_windows(rows)) == sorted(rows)
 
