@@ -130,7 +130,9 @@ def warm_up(dump_to: Path, work_dir: Path) -> None:
 
     from shared.contracts.aistack.v1 import events_pb2
     from shared.settings import load_settings
+    from svc_transform.job import open_window_specs
     from svc_transform.settings import TransformSettings
+    from svc_transform.single_query import all_windows
     from svc_transform.spark import session
     from svc_transform.windows import aggregate, window_specs
 
@@ -166,7 +168,12 @@ def warm_up(dump_to: Path, work_dir: Path) -> None:
             F.col("timestamp"),
         )
     )
-    windows = aggregate(records, window_specs(settings), settings.watermark_seconds)
+    # The shape the job runs (AISTACK_TRANSFORM_QUERIES): its classes are the ones to archive.
+    specs, watermark = window_specs(settings), settings.watermark_seconds
+    if settings.queries == "one":
+        windows = all_windows(records, specs, open_window_specs(settings), watermark)
+    else:
+        windows = aggregate(records, specs, watermark)
     query = (
         windows.writeStream.outputMode("append")
         .format("noop")
