@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
-from shared.feature_store import OFFLINE_COLUMNS, WEB_LATENCY
+from shared.feature_store import WEB_LATENCY
 from svc_transform.functions import WEB_LATENCY_UNIT
 from svc_transform.sinks import (
-    ROW_PARTITIONS,
     OpenWindow,
     OpenWindowSink,
     WindowSink,
+    any_window_columns,
     rows_of,
     undecodable_letters,
 )
@@ -148,19 +148,7 @@ class KindSink:
         value = F.when(kind == OPEN, feature_window_bytes(open_window=True)).when(
             kind == CLOSED, feature_window_bytes()
         )
-        table = (
-            finish(batch, "kind")
-            .select(
-                "kind",
-                *OFFLINE_COLUMNS,
-                *ROW_PARTITIONS,
-                F.unix_millis("window_end").alias("end_ms"),
-                F.unix_micros("last_event_time").alias("last_us"),
-                F.col("count").alias("n"),
-                value.alias("value"),
-            )
-            .toArrow()
-        )
+        table = finish(batch, "kind").select("kind", *any_window_columns(value)).toArrow()
         seconds = {"aggregate_s": round(time.perf_counter() - started, 3)}
         kinds = table.column("kind")
         opened = table.filter(pc.equal(kinds, OPEN))

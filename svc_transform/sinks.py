@@ -65,8 +65,8 @@ FEATURE_WINDOW_TYPE = type_name(FeatureWindow)
 
 log = get_logger("svc_transform")
 
-#: The partitions a window's row gives; the sink adds the batch's own.
-ROW_PARTITIONS = tuple(name for name in PARTITION_COLUMNS if name != "batch")
+# The partitions a window's row gives; the sink adds the batch's own.
+_ROW_PARTITIONS = tuple(name for name in PARTITION_COLUMNS if name != "batch")
 
 # Replace the stored window only with a newer one; keep the key alive.
 _SET_IF_NEWER = """
@@ -208,7 +208,7 @@ class WindowSink:
         started = time.perf_counter()
         batch.persist()
         try:
-            if self.few_expected():
+            if self._few_expected():
                 # The collect itself computes the batch into its cache: one
                 # job where a count and then a collect were two.
                 table = self.collect(batch)
@@ -278,7 +278,7 @@ class WindowSink:
             total_s=_since(started),
         )
 
-    def few_expected(self) -> bool:
+    def _few_expected(self) -> bool:
         """Whether the batch is expected to read no more rows than the driver
         writes windows: its windows are then collected without counting them
         first (a batch's closed windows are at most its state's, which a
@@ -293,7 +293,7 @@ class WindowSink:
         Kafka's (the end, the FeatureWindow bytes)."""
         return batch.select(
             *OFFLINE_COLUMNS,
-            *ROW_PARTITIONS,
+            *_ROW_PARTITIONS,
             *_online_values(),
         ).toArrow()
 
@@ -306,7 +306,7 @@ class WindowSink:
         if scheme(self._offline_path) or options is None:
             self.to_parquet(batch.coalesce(1), batch_id)
             return
-        rows = table.select([*OFFLINE_COLUMNS, *ROW_PARTITIONS])
+        rows = table.select([*OFFLINE_COLUMNS, *_ROW_PARTITIONS])
         rows = rows.append_column("batch", pa.array([batch_id] * rows.num_rows, pa.int64()))
         schema = self._spark_schemas.get(rows.schema)
         if schema is None:
@@ -413,7 +413,7 @@ class _DriverWindow(NamedTuple):
 
 
 class OpenWindow(NamedTuple):
-    """An open window as ``OpenWindowSink.write`` takes it (``open_window_columns``)."""
+    """An open window as ``OpenWindowSink.write`` takes it."""
 
     entity_id: str
     metric: str
@@ -441,8 +441,24 @@ def _online_columns() -> list[Column | str]:
     return ["entity_id", "metric", "path", "window", *_online_values()]
 
 
-def _online_values() -> list[Column]:
-    return [F.unix_millis("window_end").alias("end_ms"), feature_window_bytes().alias("value")]
+def _online_values(value: Column | None = None) -> list[Column]:
+    """A window's end (which replaces which) and its FeatureWindow bytes:
+    ``value``, the closed window's by default."""
+    value = feature_window_bytes() if value is None else value
+    return [F.unix_millis("window_end").alias("end_ms"), value.alias("value")]
+
+
+def _running_values() -> list[Column]:
+    """What picks the open window to serve: its last reading's time, its count."""
+    # Not "count": a Row is a tuple, whose count is a method.
+    return [F.unix_micros("last_event_time").alias("last_us"), F.col("count").alias("n")]
+
+
+def any_window_columns(value: Column) -> list[Column | str]:
+    """A window, closed or open, as the driver writes either from one collect
+    (``WindowSink.write_collected``, ``OpenWindowSink.write``): ``value`` its
+    FeatureWindow bytes."""
+    return [*OFFLINE_COLUMNS, *_ROW_PARTITIONS, *_running_values(), *_online_values(value)]
 
 
 class OpenWindowSink:
@@ -467,25 +483,22 @@ class OpenWindowSink:
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         # A few rows per entity: the driver writes them, with no Python
         # workers to start and no shuffle on the way to the store.
-        self.write(batch.select(*open_window_columns()).collect())
+        self.write(batch.select(*_open_window_columns()).collect())
 
     def write(self, rows: Iterable[Any]) -> None:
-        """Windows with ``open_window_columns``' fields into the online store."""
+        """Windows with ``OpenWindow``'s fields into the online store."""
         self._on_written(_write_open(rows, self._redis, self._prefix, self._ttl))
 
 
-def open_window_columns() -> list[Column | str]:
-    """An open window as ``OpenWindowSink`` stores it."""
+def _open_window_columns() -> list[Column | str]:
+    """An open window as ``OpenWindowSink`` stores it (``OpenWindow``'s fields)."""
     return [
         "entity_id",
         "metric",
         "path",
         "window",
-        F.unix_millis("window_end").alias("end_ms"),
-        F.unix_micros("last_event_time").alias("last_us"),
-        # Not "count": a Row is a tuple, whose count is a method.
-        F.col("count").alias("n"),
-        feature_window_bytes(open_window=True).alias("value"),
+        *_running_values(),
+        *_online_values(feature_window_bytes(open_window=True)),
     ]
 
 
