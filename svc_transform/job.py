@@ -41,8 +41,8 @@ from svc_transform.sinks import (
     SERVICE,
     OpenWindowSink,
     WindowSink,
-    kafka_options,
     kafka_sink_options,
+    kafka_source_options,
     undecodable_letters,
 )
 from svc_transform.windows import (
@@ -76,7 +76,7 @@ def read_clean_events(
     if settings.max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
     return (
-        reader.options(**kafka_options(settings.kafka))
+        reader.options(**kafka_source_options(settings.kafka))
         .option("subscribe", settings.source_topic)
         .option("startingOffsets", settings.starting_offsets)
         .option("includeHeaders", str(headers).lower())
@@ -227,7 +227,7 @@ def start_single(
     sink = KindSink(
         closed_windows=closed_windows,
         open_windows=open_sink,
-        kafka_options=kafka_options(settings.kafka),
+        kafka_options=kafka_source_options(settings.kafka),
         kafka_sink_options=kafka_sink_options(settings.kafka),
         dlq_topic=settings.dlq_topic,
         collect_max_rows=settings.driver_write_max_windows,

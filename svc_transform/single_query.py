@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import pyarrow.compute as pc
@@ -29,10 +30,16 @@ from svc_transform.sinks import (
     rows_of,
     undecodable_letters,
 )
-from svc_transform.windows import WindowSpec, feature_window_bytes, finish, pane_seconds
+from svc_transform.windows import (
+    WindowSpec,
+    feature_window_bytes,
+    finish,
+    finish_columns,
+    pane_seconds,
+)
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
 
 #: A row's ``kind`` (``WindowState``'s).
 CLOSED, OPEN, REJECTED = "closed", "open", "rejected"
@@ -141,14 +148,25 @@ class KindSink:
         finally:
             batch.unpersist()
 
-    def _write_collected(self, batch: DataFrame, batch_id: int) -> int:
-        """Writes the batch from one collect; its rows."""
-        started = time.perf_counter()
+    @cached_property
+    def _finished(self) -> list[Column | str]:
+        """A batch's rows as the sinks read them (``finish``'s, ``kind`` first)."""
+        return finish_columns("kind")
+
+    @cached_property
+    def _collected(self) -> list[Column | str]:
+        """``_finished`` rows, every kind, as the driver writes them."""
         kind = F.col("kind")
         value = F.when(kind == OPEN, feature_window_bytes(open_window=True)).when(
             kind == CLOSED, feature_window_bytes()
         )
-        table = finish(batch, "kind").select("kind", *any_window_columns(value)).toArrow()
+        return ["kind", *any_window_columns(value)]
+
+    def _write_collected(self, batch: DataFrame, batch_id: int) -> int:
+        """Writes the batch from one collect; its rows."""
+        started = time.perf_counter()
+        finished = batch.select(*self._finished)
+        table = finished.select(*self._collected).toArrow()
         seconds = {"aggregate_s": round(time.perf_counter() - started, 3)}
         kinds = table.column("kind")
         opened = table.filter(pc.equal(kinds, OPEN))
@@ -156,10 +174,11 @@ class KindSink:
             self._open.write(rows_of(opened, OpenWindow))
         closed = table.filter(pc.equal(kinds, CLOSED))
         if closed.num_rows:
-            closed_frame = finish(batch.where(kind == CLOSED))  # its schema; Spark's write
+            # Its schema, and Spark's write where the driver does not write the files.
+            closed_frame = finished.where(F.col("kind") == CLOSED).drop("kind")
             self._closed.write_collected(closed_frame, closed, batch_id, seconds, started)
         if pc.any(pc.equal(kinds, REJECTED)).as_py():
-            self._dead_letters(batch.where(kind == REJECTED))
+            self._dead_letters(batch.where(F.col("kind") == REJECTED))
         return int(table.num_rows)
 
     def _write_by_kind(self, batch: DataFrame, batch_id: int) -> int:

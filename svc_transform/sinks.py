@@ -92,9 +92,38 @@ redis.call('EXPIRE', KEYS[1], ARGV[5])
 """
 
 
+#: How long the broker holds a read's fetch that finds no new records (the
+#: consumer's default: 500 ms). A task reads a range known before it starts,
+#: and its pooled consumer has sent the next fetch past the range's end when it
+#: handed out the last records: a task that reached the end of the topic waited
+#: that fetch out, and the last batch of a backlog took 1.6 s where the others
+#: took 0.6 s (100,000 records each, the build machine).
+SOURCE_FETCH_WAIT_MS = 10
+
+#: A read's fetch and poll sizes (the consumer's defaults: 1 MiB a partition,
+#: 500 records). A task reads its range in polls, and waits for a fetch each
+#: time its consumer has handed out the last one's records: a backlog's batch
+#: of 100,000 records (some 350 bytes each, headers and all) took about a
+#: dozen waits a task. Five peak reads each way, alternating: 5.6% faster on
+#: average, faster in each pair.
+SOURCE_FETCH_BYTES = 8 * 1024 * 1024
+SOURCE_POLL_RECORDS = 10_000
+
+
 def kafka_options(kafka: KafkaSettings) -> dict[str, str]:
     """Connection and security for Spark's Kafka source and sink."""
     return {f"kafka.{key}": value for key, value in kafka.java_client_config().items()}
+
+
+def kafka_source_options(kafka: KafkaSettings) -> dict[str, str]:
+    """The source's (and a batch read's): ``kafka_options``, a short fetch
+    wait (``SOURCE_FETCH_WAIT_MS``) and larger fetches and polls."""
+    return {
+        **kafka_options(kafka),
+        "kafka.fetch.max.wait.ms": str(SOURCE_FETCH_WAIT_MS),
+        "kafka.max.partition.fetch.bytes": str(SOURCE_FETCH_BYTES),
+        "kafka.max.poll.records": str(SOURCE_POLL_RECORDS),
+    }
 
 
 def kafka_sink_options(kafka: KafkaSettings) -> dict[str, str]:

@@ -36,8 +36,19 @@ def test_svc_ingests_faust_producer_waits_for_every_in_sync_replica(tmp_path: Pa
 
 
 def test_svc_transforms_kafka_sinks_wait_for_every_in_sync_replica() -> None:
-    from svc_transform.sinks import kafka_options, kafka_sink_options
+    from svc_transform.sinks import kafka_options, kafka_sink_options, kafka_source_options
 
     assert kafka_sink_options(KAFKA)["kafka.acks"] == "all"
     # The source's consumer is not handed a producer setting it would warn about.
     assert "kafka.acks" not in kafka_options(KAFKA)
+    assert "kafka.acks" not in kafka_source_options(KAFKA)
+    # Nor the producer a consumer's.
+    assert "kafka.fetch.max.wait.ms" not in kafka_sink_options(KAFKA)
+
+
+def test_svc_transforms_reads_do_not_wait_out_the_brokers_long_poll() -> None:
+    from svc_transform.sinks import SOURCE_FETCH_WAIT_MS, kafka_source_options
+
+    # The consumer's default is 500 ms, which a task that read to the end of the topic waited.
+    assert kafka_source_options(KAFKA)["kafka.fetch.max.wait.ms"] == str(SOURCE_FETCH_WAIT_MS)
+    assert SOURCE_FETCH_WAIT_MS < 500
