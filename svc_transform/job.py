@@ -227,7 +227,7 @@ def start_single(
     sink = KindSink(
         closed_windows=closed_windows,
         open_windows=open_sink,
-        kafka_options=kafka_source_options(settings.kafka),
+        kafka_source_options=kafka_source_options(settings.kafka),
         kafka_sink_options=kafka_sink_options(settings.kafka),
         dlq_topic=settings.dlq_topic,
         collect_max_rows=settings.driver_write_max_windows,

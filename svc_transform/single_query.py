@@ -33,7 +33,6 @@ from svc_transform.sinks import (
 from svc_transform.windows import (
     WindowSpec,
     feature_window_bytes,
-    finish,
     finish_columns,
     pane_seconds,
 )
@@ -65,7 +64,7 @@ def all_windows(
     return ClassicFrame(windows, session)
 
 
-def with_headers(rejected: DataFrame, kafka_options: dict[str, str]) -> DataFrame:
+def with_headers(rejected: DataFrame, kafka_source_options: dict[str, str]) -> DataFrame:
     """``rejected`` rows' records (``undecodable_letters``' columns) with
     their headers, read again from Kafka: the query reads without them (a
     tenth of its read for every record, where only a rejected one needs
@@ -88,7 +87,7 @@ def with_headers(rejected: DataFrame, kafka_options: dict[str, str]) -> DataFram
 
     read = (
         rejected.sparkSession.read.format("kafka")
-        .options(**kafka_options)
+        .options(**kafka_source_options)
         .option("assign", json.dumps({t: [int(p) for p in ps] for t, ps in spans.items()}))
         .option("startingOffsets", offsets(0, 0))
         .option("endingOffsets", offsets(1, 1))
@@ -123,7 +122,7 @@ class KindSink:
         *,
         closed_windows: WindowSink,
         open_windows: OpenWindowSink | None,
-        kafka_options: dict[str, str],
+        kafka_source_options: dict[str, str],
         kafka_sink_options: dict[str, str],
         dlq_topic: str,
         collect_max_rows: int,
@@ -133,7 +132,7 @@ class KindSink:
         self._last_rows: int | None = None
         self._closed = closed_windows
         self._open = open_windows
-        self._kafka_options = kafka_options
+        self._kafka_source_options = kafka_source_options
         self._kafka_sink_options = kafka_sink_options
         self._dlq_topic = dlq_topic
 
@@ -175,7 +174,7 @@ class KindSink:
         closed = table.filter(pc.equal(kinds, CLOSED))
         if closed.num_rows:
             # Its schema, and Spark's write where the driver does not write the files.
-            closed_frame = finished.where(F.col("kind") == CLOSED).drop("kind")
+            closed_frame = _of_kind(finished, CLOSED)
             self._closed.write_collected(closed_frame, closed, batch_id, seconds, started)
         if pc.any(pc.equal(kinds, REJECTED)).as_py():
             self._dead_letters(batch.where(F.col("kind") == REJECTED))
@@ -185,19 +184,25 @@ class KindSink:
         """Writes each kind by its sink's jobs; the batch's rows."""
         # One job computes the batch into its cache; each kind reads it there.
         kinds = {row[0]: row[1] for row in batch.groupBy("kind").count().collect()}
+        finished = batch.select(*self._finished)
         if kinds.get(OPEN) and self._open is not None:
-            self._open(finish(batch.where(F.col("kind") == OPEN)), batch_id)
+            self._open(_of_kind(finished, OPEN), batch_id)
         if kinds.get(CLOSED):
-            self._closed(finish(batch.where(F.col("kind") == CLOSED)), batch_id)
+            self._closed(_of_kind(finished, CLOSED), batch_id)
         if kinds.get(REJECTED):
             self._dead_letters(batch.where(F.col("kind") == REJECTED))
         return int(sum(kinds.values()))
 
     def _dead_letters(self, rejected: DataFrame) -> None:
         (
-            undecodable_letters(with_headers(rejected, self._kafka_options))
+            undecodable_letters(with_headers(rejected, self._kafka_source_options))
             .write.format("kafka")
             .options(**self._kafka_sink_options)
             .option("topic", self._dlq_topic)
             .save()
         )
+
+
+def _of_kind(finished: DataFrame, kind: str) -> DataFrame:
+    """``finished`` rows (``KindSink._finished``) of one kind, as its sink reads them."""
+    return finished.where(F.col("kind") == kind).drop("kind")
